@@ -1,0 +1,183 @@
+"""Run history: per-layer statistics of every step in preallocated numpy buffers.
+
+Columns are layers (added when a layer is first watched), rows are steps; buffers double
+when full, so appending is amortised O(layers). A cell of a step in which the layer was not
+watched holds ``MISSING`` (-1: norms are never negative), never NaN, because NaN is a real
+value here. Values are float32 (4 bytes per layer, step and statistic); finite values beyond
+float32's range saturate at its maximum rather than turning into a false Inf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gradscope.core.origin import Origin
+from gradscope.core.watch import STATUS_NAMES, STATUS_NONFINITE, STATUS_OK, StepStats
+
+MISSING = -1.0
+STATUS_MISSING = 255
+STATISTICS = ("grad_norm", "max_abs", "weight_norm", "update_ratio")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _to_float32(values: np.ndarray) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    saturated = np.where(np.isfinite(values), np.clip(values, -_FLOAT32_MAX, _FLOAT32_MAX), values)
+    return saturated.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something worth a line in the events list: a status onset or the NaN/Inf origin."""
+
+    step: int
+    kind: str  # "exploding", "vanishing", "nonfinite" or "origin"
+    layer: str | None
+    message: str
+
+
+class RunHistory:
+    def __init__(self, capacity: int = 256) -> None:
+        self.layer_names: list[str] = []
+        self.layer_types: list[str] = []
+        self.layer_params: list[int] = []
+        self._column: dict[str, int] = {}
+        self._capacity = max(1, capacity)
+        self._layer_capacity = 0
+        self.count = 0
+        self.step_numbers = np.zeros(self._capacity, dtype=np.int64)
+        self.loss = np.zeros(self._capacity, dtype=np.float64)
+        self.total_grad_norm = np.zeros(self._capacity, dtype=np.float64)
+        self._stats: dict[str, np.ndarray] = {
+            name: np.zeros((self._capacity, 0), dtype=np.float32) for name in STATISTICS
+        }
+        self._status = np.zeros((self._capacity, 0), dtype=np.uint8)
+        self.worst_status = np.zeros(0, dtype=np.uint8)
+        self.events: list[Event] = []
+        self.first_nonfinite: Origin | None = None
+        self._previous_status: dict[str, int] = {}
+
+    # -- shape -------------------------------------------------------------------------
+    def column(self, name: str) -> int:
+        return self._column[name]
+
+    def has_layer(self, name: str) -> bool:
+        return name in self._column
+
+    def ensure_layers(
+        self, names: Sequence[str], types: Sequence[str] | None = None,
+        params: Sequence[int] | None = None,
+    ) -> np.ndarray:
+        """Column indices of ``names``, adding columns for new layers."""
+        for i, name in enumerate(names):
+            if name in self._column:
+                continue
+            self._column[name] = len(self.layer_names)
+            self.layer_names.append(name)
+            self.layer_types.append(types[i] if types else "")
+            self.layer_params.append(int(params[i]) if params else 0)
+        if len(self.layer_names) > self._layer_capacity:
+            self._grow(self._capacity, max(len(self.layer_names), 2 * self._layer_capacity, 8))
+        return np.fromiter((self._column[n] for n in names), dtype=np.intp, count=len(names))
+
+    def _grow(self, rows: int, columns: int) -> None:
+        def regrow(array: np.ndarray, fill: float) -> np.ndarray:
+            if array.ndim == 1:
+                new = np.full(rows, fill, dtype=array.dtype)
+                new[: self.count] = array[: self.count]
+                return new
+            new = np.full((rows, columns), fill, dtype=array.dtype)
+            new[: self.count, : array.shape[1]] = array[: self.count]
+            return new
+
+        for name in STATISTICS:
+            self._stats[name] = regrow(self._stats[name], MISSING)
+        self._status = regrow(self._status, STATUS_MISSING)
+        self.step_numbers = regrow(self.step_numbers, 0)
+        self.loss = regrow(self.loss, 0.0)
+        self.total_grad_norm = regrow(self.total_grad_norm, 0.0)
+        worst = np.zeros(columns, dtype=np.uint8)
+        worst[: len(self.worst_status)] = self.worst_status
+        self.worst_status = worst
+        self._capacity, self._layer_capacity = rows, columns
+
+    # -- appending ---------------------------------------------------------------------
+    def append(
+        self,
+        step: int,
+        loss: float,
+        stats: StepStats | None,
+        layer_names: Sequence[str],
+        layer_types: Sequence[str] | None = None,
+        layer_params: Sequence[int] | None = None,
+        origin: Origin | None = None,
+    ) -> None:
+        columns = self.ensure_layers(layer_names, layer_types, layer_params)
+        if self.count == self._capacity:
+            self._grow(2 * self._capacity, self._layer_capacity)
+        row = self.count
+        self.step_numbers[row] = step
+        self.loss[row] = loss
+        if stats is not None:
+            self.total_grad_norm[row] = stats.total_grad_norm
+            self._stats["grad_norm"][row, columns] = _to_float32(stats.grad_norm)
+            self._stats["max_abs"][row, columns] = _to_float32(stats.max_abs)
+            self._stats["weight_norm"][row, columns] = _to_float32(stats.weight_norm)
+            if stats.update_ratio is not None:
+                self._stats["update_ratio"][row, columns] = _to_float32(stats.update_ratio)
+            self._status[row, columns] = stats.status
+            self.worst_status[columns] = np.maximum(self.worst_status[columns], stats.status)
+            self._note_onsets(step, layer_names, stats)
+        self.count += 1
+        if origin is not None and self.first_nonfinite is None:
+            self.first_nonfinite = origin
+            self.events.append(Event(step, "origin", origin.module, origin.describe()))
+
+    def _note_onsets(self, step: int, names: Sequence[str], stats: StepStats) -> None:
+        for index, (name, status) in enumerate(zip(names, stats.status.tolist(), strict=True)):
+            before = self._previous_status.get(name, STATUS_OK)
+            if status != before and status != STATUS_OK:
+                label = STATUS_NAMES[status]
+                detail = (
+                    f" (grad norm {stats.grad_norm[index]:.3g})" if status != STATUS_NONFINITE else ""
+                )
+                message = f"step {step}: {name or '(model)'} {label}{detail}"
+                self.events.append(Event(step, label, name, message))
+            self._previous_status[name] = status
+
+    # -- reading -----------------------------------------------------------------------
+    def series(self, statistic: str, layer: str) -> np.ndarray:
+        """A view of one layer's values over the recorded steps (MISSING where unwatched)."""
+        return self._stats[statistic][: self.count, self._column[layer]]
+
+    def matrix(self, statistic: str) -> np.ndarray:
+        """A view, steps x layers, of one statistic."""
+        return self._stats[statistic][: self.count, : len(self.layer_names)]
+
+    def status_matrix(self) -> np.ndarray:
+        return self._status[: self.count, : len(self.layer_names)]
+
+    def row_of_step(self, step: int) -> int | None:
+        rows = np.flatnonzero(self.step_numbers[: self.count] == step)
+        return int(rows[-1]) if len(rows) else None
+
+    def worst(self, layer: str) -> str:
+        return STATUS_NAMES[int(self.worst_status[self._column[layer]])]
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.step_numbers[: self.count]
+
+    @property
+    def losses(self) -> np.ndarray:
+        return self.loss[: self.count]
+
+    def truncate(self, count: int) -> None:
+        """Forget every row from ``count`` on (a rewound run's new branch replaces them)."""
+        self.count = min(self.count, max(0, count))
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._stats.values()) + self._status.nbytes

@@ -1,0 +1,290 @@
+"""Model sources: a user's model script, or a torchvision classification model by name.
+
+A model script is a Python file defining ``build_model() -> nn.Module`` (required) and
+optionally ``make_batch(batch_size, device) -> (inputs, target)``,
+``loss_fn(output, target) -> Tensor`` and ``CONFIG = {...}`` (defaults for run settings).
+Every way a script can fail becomes a :class:`ModelScriptError` with the script's own
+traceback lines, never GradScope's.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import sys
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradscope.core.errors import GradScopeError, ModelScriptError
+
+MakeBatch = Callable[[int, torch.device], tuple[Any, Any]]
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+# Models whose architecture fixes the input size (positional embeddings, window grids).
+_FIXED_SIZE_PREFIXES = ("vit_", "maxvit_", "swin_")
+
+
+@dataclass
+class LoadedModel:
+    """What a run needs from a source: the model factory, batches and the loss."""
+
+    source: str
+    display_name: str
+    build_model: Callable[[], nn.Module]
+    make_batch: MakeBatch
+    loss_fn: LossFn | None
+    config: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+    image_size: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_source(source: str, image_size: int = 224, weights: str | None = None) -> LoadedModel:
+    """A ``.py`` path, or a torchvision model name."""
+    if source.endswith(".py") or os.sep in source or "/" in source:
+        if weights:
+            raise GradScopeError("--weights applies to torchvision models only")
+        return load_script(source)
+    return load_torchvision(source, image_size=image_size, weights=weights)
+
+
+# -- model scripts ------------------------------------------------------------------------
+def _script_traceback(error: BaseException, path: Path) -> list[str]:
+    """The traceback frames from the user's script onwards (GradScope's frames dropped)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    resolved = str(path.resolve())
+    start = next(
+        (i for i, f in enumerate(frames) if os.path.abspath(f.filename) == resolved), 0
+    )
+    lines = traceback.format_list(frames[start:])
+    lines += traceback.format_exception_only(type(error), error)
+    return [line.rstrip("\n") for line in "".join(lines).splitlines()]
+
+
+def user_traceback(error: BaseException, user_files: list[Path]) -> list[str]:
+    """Traceback lines starting at the first frame in one of ``user_files``, for errors raised
+    while running a user's code (build_model, make_batch, forward)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    wanted = {str(p.resolve()) for p in user_files}
+    start = next(
+        (i for i, f in enumerate(frames) if os.path.abspath(f.filename) in wanted), None
+    )
+    if start is None:
+        start = next(
+            (i for i, f in enumerate(frames) if "gradscope" not in f.filename.split(os.sep)),
+            len(frames),
+        )
+    lines = traceback.format_list(frames[start:])
+    lines += traceback.format_exception_only(type(error), error)
+    return [line.rstrip("\n") for line in "".join(lines).splitlines()]
+
+
+def _import_script(path: Path) -> ModuleType:
+    name = f"gradscope_user_{path.stem}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelScriptError(f"{path}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    # Registered so dataclasses, pickling and relative lookups inside the script work.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as error:
+        sys.modules.pop(name, None)
+        where = f"{error.filename or path}, line {error.lineno}"
+        detail = [error.text.rstrip("\n")] if error.text else []
+        if detail and error.offset:
+            detail.append(" " * (error.offset - 1) + "^")
+        raise ModelScriptError(f"syntax error in {where}: {error.msg}", detail) from None
+    except BaseException as error:  # noqa: BLE001 - a user's script may raise anything
+        sys.modules.pop(name, None)
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        raise ModelScriptError(
+            f"{path} raised {type(error).__name__} while loading: {error}",
+            _script_traceback(error, path),
+        ) from None
+    return module
+
+
+def load_script(source: str | os.PathLike[str]) -> LoadedModel:
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise GradScopeError(f"no such file: {path}")
+    if path.is_dir():
+        raise GradScopeError(f"{path} is a folder; give a model script (.py)")
+    if path.suffix != ".py":
+        raise GradScopeError(f"{path} is not a Python model script (.py)")
+    module = _import_script(path)
+    build = getattr(module, "build_model", None)
+    if not callable(build):
+        raise ModelScriptError(
+            f"{path} defines no build_model(); add a function `def build_model() -> nn.Module:` "
+            "that returns your model"
+        )
+    make_batch = getattr(module, "make_batch", None)
+    if make_batch is None:
+        make_batch = _missing_make_batch(path)
+    elif not callable(make_batch):
+        raise ModelScriptError(f"{path}: make_batch must be a function (batch_size, device)")
+    loss_fn = getattr(module, "loss_fn", None)
+    if loss_fn is not None and not callable(loss_fn):
+        raise ModelScriptError(f"{path}: loss_fn must be a function (output, target)")
+    config = getattr(module, "CONFIG", {}) or {}
+    if not isinstance(config, dict):
+        raise ModelScriptError(f"{path}: CONFIG must be a dict of run settings")
+    doc = (module.__doc__ or "").strip()
+    return LoadedModel(
+        source=str(path),
+        display_name=path.name,
+        build_model=_guarded(build, path, "build_model()"),
+        make_batch=_guarded(make_batch, path, "make_batch()"),
+        loss_fn=_guarded(loss_fn, path, "loss_fn()") if loss_fn else None,
+        config=dict(config),
+        path=path,
+        notes=[doc.splitlines()[0]] if doc else [],
+    )
+
+
+def _guarded(function: Callable[..., Any], path: Path, what: str) -> Callable[..., Any]:
+    """Wrap a script function so its exceptions carry the script's traceback."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except GradScopeError:
+            raise
+        except Exception as error:
+            raise ModelScriptError(
+                f"{path.name}: {what} raised {type(error).__name__}: {error}",
+                user_traceback(error, [path]),
+            ) from error
+
+    call.__wrapped__ = function  # type: ignore[attr-defined]
+    return call
+
+
+def _missing_make_batch(path: Path) -> MakeBatch:
+    def make_batch(batch_size: int, device: torch.device) -> tuple[Any, Any]:
+        raise ModelScriptError(
+            f"{path} defines no make_batch(); GradScope needs example data to run steps. Add:\n"
+            "    def make_batch(batch_size, device):\n"
+            "        x = torch.randn(batch_size, <input features>, device=device)\n"
+            "        y = torch.randn(batch_size, <outputs>, device=device)\n"
+            "        return x, y"
+        )
+
+    return make_batch
+
+
+# -- torchvision --------------------------------------------------------------------------
+def torchvision_model_names() -> list[str]:
+    """Classification models registered in torchvision (from its registry, not a list)."""
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def torchvision_input_size(name: str, requested: int) -> tuple[int, list[str]]:
+    """The image size to feed ``name``: the request, raised to the model's minimum, or the
+    model's fixed size for architectures that allow no other."""
+    import torchvision
+
+    notes: list[str] = []
+    try:
+        weights = torchvision.models.get_model_weights(name).DEFAULT
+    except (ValueError, KeyError, AttributeError):
+        return requested, notes
+    crop = weights.transforms().crop_size
+    crop_size = int(crop[0] if isinstance(crop, (list, tuple)) else crop)
+    min_size = weights.meta.get("min_size", (1, 1))
+    if name.startswith(_FIXED_SIZE_PREFIXES):
+        if requested != crop_size:
+            notes.append(f"{name} needs {crop_size}x{crop_size} images; using that size")
+        return crop_size, notes
+    size = max(requested, int(min_size[0]), int(min_size[1]))
+    if size != requested:
+        notes.append(f"{name} needs images of at least {size}x{size}; using that size")
+    return size, notes
+
+
+def load_torchvision(name: str, image_size: int = 224, weights: str | None = None) -> LoadedModel:
+    names = torchvision_model_names()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=4, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise GradScopeError(
+            f"{name!r} is neither a .py model script nor a torchvision classification model{hint}"
+        )
+    size, notes = torchvision_input_size(name, image_size)
+    state = _load_state_dict(weights) if weights else None
+
+    def build_model() -> nn.Module:
+        import torchvision
+
+        model = torchvision.models.get_model(name, weights=None)
+        if state is not None:
+            try:
+                model.load_state_dict(state)
+            except RuntimeError as error:
+                raise GradScopeError(
+                    f"{weights} does not fit {name}: {str(error).splitlines()[0]}",
+                    str(error).splitlines()[1:6],
+                ) from None
+        return model
+
+    def make_batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        images = torch.randn(batch_size, 3, size, size, device=device)
+        labels = torch.randint(0, 1000, (batch_size,), device=device)
+        return images, labels
+
+    return LoadedModel(
+        source=name,
+        display_name=f"torchvision {name}",
+        build_model=build_model,
+        make_batch=make_batch,
+        loss_fn=None,
+        image_size=size,
+        notes=notes,
+    )
+
+
+def _load_state_dict(path_text: str) -> dict[str, torch.Tensor]:
+    path = Path(path_text).expanduser()
+    if not path.exists():
+        raise GradScopeError(f"no such weights file: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise GradScopeError(f"{path} is not a loadable state dict: {error}") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise GradScopeError(f"{path} holds a {type(state).__name__}, not a state dict")
+    return state
+
+
+def load_with_settings(
+    source: str, overrides: dict[str, Any] | None = None, weights: str | None = None
+) -> tuple[LoadedModel, Any]:
+    """Load ``source`` and settle its run settings: defaults, then the script's ``CONFIG``,
+    then ``overrides`` (what the user set on the command line or in the app)."""
+    from gradscope.core.settings import RunSettings, settings_from_config
+
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    image_size = overrides.get("image_size", RunSettings.image_size)
+    loaded = load_source(source, image_size=image_size, weights=weights)
+    settings = settings_from_config(loaded.config)
+    settings = settings_from_config(overrides, settings)
+    if loaded.image_size is not None and loaded.image_size != settings.image_size:
+        settings = settings.replaced(image_size=loaded.image_size)
+    return loaded, settings

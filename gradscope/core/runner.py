@@ -1,0 +1,358 @@
+"""The step runner: forward, loss, backward, watch, optimizer step, one call at a time.
+
+``StepRunner.step()`` does exactly one training step and returns a :class:`StepResult` of
+plain data; ``run()`` is a generator of them. Callers (the CLI, the app's worker thread)
+check their own stop/pause flags between steps. Settings may change between steps (learning
+rate, clipping, loss scale, thresholds...), which is how the app's what-if works.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from gradscope.core.errors import BatchMismatchError, GradScopeError, ModelScriptError
+from gradscope.core.loading import LoadedModel, user_traceback
+from gradscope.core.module_tree import ModuleTree, build_module_tree
+from gradscope.core.origin import Origin, locate_first_nonfinite
+from gradscope.core.settings import RunSettings
+from gradscope.core.watch import GradientWatch, StepStats
+
+
+@dataclass
+class StepResult:
+    """One step, as plain data. ``stats`` is None when the run is not watched."""
+
+    step: int
+    loss: float
+    stats: StepStats | None
+    origin: Origin | None
+    applied: bool
+    seconds: float
+
+    @property
+    def nonfinite(self) -> bool:
+        if self.stats is not None:
+            return self.stats.nonfinite
+        return not math.isfinite(self.loss)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise GradScopeError(
+                f"device {name!r} asked for, but CUDA is not available here "
+                f"(torch {torch.__version__}, {'a CUDA' if torch.version.cuda else 'a CPU-only'} "
+                "build, no usable GPU); use --device cpu"
+            )
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise GradScopeError(
+                f"device {name!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist"
+            )
+    return torch.device(name)
+
+
+def describe_structure(value: Any) -> str:
+    """Shapes of a batch, e.g. ``(5, 12)`` or ``dict(x=(5, 12), mask=(5,))``."""
+    if isinstance(value, torch.Tensor):
+        return str(tuple(value.shape))
+    if isinstance(value, dict):
+        return "dict(" + ", ".join(f"{k}={describe_structure(v)}" for k, v in value.items()) + ")"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(describe_structure(v) for v in value) + ")"
+    return type(value).__name__
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """``model(x)``, ``model(*inputs)`` or ``model(**inputs)`` by the batch's type."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def default_loss(output: Any, target: Any) -> torch.Tensor:
+    """Cross-entropy for integer targets, otherwise MSE. Tuple outputs (torchvision's
+    auxiliary-logit named tuples) use their first element, dict outputs their ``"out"``."""
+    if isinstance(output, dict):
+        output = output.get("out", next(iter(output.values())))
+    if isinstance(output, (tuple, list)):
+        output = output[0]
+    if not isinstance(output, torch.Tensor) or not isinstance(target, torch.Tensor):
+        raise GradScopeError(
+            "the default loss needs a tensor output and a tensor target; define "
+            "loss_fn(output, target) in the model script"
+        )
+    if not target.is_floating_point() and not target.is_complex():
+        return nn.functional.cross_entropy(output, target)
+    if output.shape != target.shape:
+        raise BatchMismatchError(
+            f"the model's output has shape {tuple(output.shape)} but the target has shape "
+            f"{tuple(target.shape)}; make them match in make_batch() or define loss_fn()"
+        )
+    return nn.functional.mse_loss(output, target)
+
+
+def _failing_module(model: nn.Module, error: BaseException) -> str | None:
+    """The innermost module of ``model`` on the traceback: where a forward error happened."""
+    names = {id(m): n for n, m in model.named_modules()}
+    found = None
+    tb: TracebackType | None = error.__traceback__
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self")
+        if candidate is not None and id(candidate) in names:
+            found = names[id(candidate)]
+        tb = tb.tb_next
+    return found
+
+
+_SHAPE_WORDS = ("shape", "size", "mat1", "mat2", "dimension", "expected input", "must match")
+
+
+def _build_optimizer(model: nn.Module, settings: RunSettings) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise GradScopeError("the model has no trainable parameters")
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
+        )
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+
+
+def _capture_rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _restore_rng(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+class StepRunner:
+    """Build the model from ``loaded`` and train it one step at a time.
+
+    ``watch=False`` runs the same steps with no statistics (the plain baseline).
+    ``layers`` overrides ``settings.layers`` (names or globs; None watches every layer
+    with parameters).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        settings: RunSettings,
+        *,
+        watch: bool = True,
+    ) -> None:
+        self.loaded = loaded
+        self.settings = settings.validated()
+        self.device = resolve_device(settings.device)
+        torch.manual_seed(settings.seed)
+        model = loaded.build_model()
+        if not isinstance(model, nn.Module):
+            raise ModelScriptError(
+                f"build_model() returned {type(model).__name__}, not a torch.nn.Module"
+            )
+        try:
+            self.model = model.to(self.device).train()
+        except torch.cuda.OutOfMemoryError:
+            raise GradScopeError(f"the model does not fit in {self.device} memory") from None
+        self.tree: ModuleTree = build_module_tree(self.model)
+        self.optimizer = _build_optimizer(self.model, self.settings)
+        self._watching = watch
+        self.watch: GradientWatch | None = self._make_watch(settings.layers) if watch else None
+        self.step_index = 0
+        self.first_nonfinite: Origin | None = None
+        self.halted = False
+        self._user_files = [loaded.path] if loaded.path else []
+
+    # -- configuration between steps -------------------------------------------------
+    def _make_watch(self, layers: list[str] | None) -> GradientWatch:
+        return GradientWatch(
+            self.model,
+            layers,
+            explode_threshold=self.settings.explode_threshold,
+            vanish_threshold=self.settings.vanish_threshold,
+            update_ratio=self.settings.update_ratio,
+        )
+
+    def set_layers(self, layers: list[str] | None) -> None:
+        """Watch a different set of layers from the next step on."""
+        if not self._watching:
+            return
+        if self.watch is not None:
+            self.watch.close()
+        step = self.watch.step if self.watch is not None else 0
+        self.watch = self._make_watch(layers)
+        self.watch._step = step
+        self.settings.layers = layers
+
+    def apply_settings(self, settings: RunSettings) -> None:
+        """Take new settings from the next step on. The device and seed are fixed for a run;
+        a different optimizer starts with fresh optimizer state."""
+        settings = settings.validated()
+        if settings.device != self.settings.device:
+            raise GradScopeError("the device cannot change during a run; start a new run")
+        old = self.settings
+        self.settings = settings
+        if settings.optimizer != old.optimizer:
+            self.optimizer = _build_optimizer(self.model, settings)
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = settings.lr
+                group["weight_decay"] = settings.weight_decay
+                if "momentum" in group:
+                    group["momentum"] = settings.momentum
+        if self.watch is not None:
+            self.watch.explode_threshold = settings.explode_threshold
+            self.watch.vanish_threshold = settings.vanish_threshold
+            self.watch.update_ratio_enabled = settings.update_ratio
+            if settings.layers != old.layers:
+                self.set_layers(settings.layers)
+        self.halted = False
+
+    # -- stepping --------------------------------------------------------------------
+    def _batch(self) -> tuple[Any, Any]:
+        batch = self.loaded.make_batch(self.settings.batch_size, self.device)
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise ModelScriptError(
+                "make_batch(batch_size, device) must return (inputs, target), "
+                f"not {type(batch).__name__}"
+            )
+        return batch[0], batch[1]
+
+    def _loss(self, inputs: Any, target: Any) -> torch.Tensor:
+        try:
+            output = call_model(self.model, inputs)
+        except GradScopeError:
+            raise
+        except torch.cuda.OutOfMemoryError:
+            raise GradScopeError(
+                f"CUDA out of memory at batch size {self.settings.batch_size}; lower the "
+                "batch size or the image size"
+            ) from None
+        except Exception as error:
+            raise self._forward_error(error, inputs) from error
+        loss_fn = self.loaded.loss_fn or default_loss
+        loss = loss_fn(output, target)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ModelScriptError(
+                f"the loss must be a single-element tensor, got {describe_structure(loss)}"
+            )
+        loss = loss.reshape(())
+        if self.settings.loss_scale != 1.0:
+            loss = loss * self.settings.loss_scale
+        return loss
+
+    def _forward_error(self, error: Exception, inputs: Any) -> GradScopeError:
+        module = _failing_module(self.model, error)
+        where = f" in module {module or '(model root)'!r}" if module is not None else ""
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        lines = user_traceback(error, self._user_files)
+        if isinstance(error, (RuntimeError, ValueError)) and any(
+            word in first_line.lower() for word in _SHAPE_WORDS
+        ):
+            return BatchMismatchError(
+                f"the batch does not fit the model: inputs {describe_structure(inputs)} "
+                f"failed{where}: {first_line}",
+                lines,
+            )
+        return ModelScriptError(
+            f"the model's forward raised {type(error).__name__}{where}: {first_line}", lines
+        )
+
+    def step(self) -> StepResult:
+        """One forward/backward/optimizer step. When a NaN/Inf appears, the step's origin is
+        located and (unless ``keep_going``) the optimizer step is not applied, so the weights
+        and gradients stay as they were for inspection."""
+        started = time.perf_counter()
+        step = self.step_index
+        self.optimizer.zero_grad(set_to_none=True)
+        inputs, target = self._batch()
+        rng_before = _capture_rng(self.device)
+        loss = self._loss(inputs, target)
+        try:
+            if loss.requires_grad:
+                loss.backward()
+        except torch.cuda.OutOfMemoryError:
+            raise GradScopeError("CUDA out of memory in backward; lower the batch size") from None
+        except RuntimeError as error:
+            raise ModelScriptError(
+                f"backward failed: {str(error).splitlines()[0]}",
+                user_traceback(error, self._user_files),
+            ) from error
+        stats = self.watch.collect(loss) if self.watch is not None else None
+        loss_value = stats.loss if stats is not None else float(loss.detach())
+        nonfinite = stats.nonfinite if stats is not None else not math.isfinite(loss_value)
+        origin = None
+        if nonfinite and self.first_nonfinite is None and stats is not None:
+            origin = self._locate(step, inputs, target, rng_before, stats)
+            self.first_nonfinite = origin
+        applied = False
+        if not nonfinite or self.settings.keep_going:
+            if self.settings.clip is not None:
+                torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.model.parameters() if p.grad is not None], self.settings.clip
+                )
+            self.optimizer.step()
+            applied = True
+            if self.watch is not None and self.settings.update_ratio:
+                self.watch.measure_update()
+        else:
+            self.halted = True
+        self.step_index += 1
+        return StepResult(
+            step=step,
+            loss=float(loss_value),
+            stats=stats,
+            origin=origin,
+            applied=applied,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _locate(
+        self, step: int, inputs: Any, target: Any, rng_before: Any, stats: StepStats
+    ) -> Origin:
+        rng_after = _capture_rng(self.device)
+        _restore_rng(rng_before, self.device)
+        try:
+            origin = locate_first_nonfinite(self.model, lambda: self._loss(inputs, target), step)
+        finally:
+            _restore_rng(rng_after, self.device)
+        if origin is not None:
+            return origin
+        # The re-run stayed finite (a non-deterministic kernel?): say what is known.
+        kind = "nan" if (stats.loss is not None and math.isnan(stats.loss)) or int(
+            np.sum(stats.nan_count)
+        ) else "inf"
+        if stats.loss_nonfinite:
+            return Origin(step, "loss", None, "loss", kind, details={"reproduced": False})
+        return Origin(step, "backward", None, "grad", kind, details={"reproduced": False})
+
+    def run(self, steps: int | None = None) -> Iterator[StepResult]:
+        """Up to ``steps`` (default: the settings') steps; stops early when halted."""
+        for _ in range(self.settings.steps if steps is None else steps):
+            result = self.step()
+            yield result
+            if self.halted:
+                return
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()

@@ -19,7 +19,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--steps", type=int, help="number of training steps (default 50)")
     add("--batch-size", type=int, help="batch size (default 8)")
     add("--device", help="auto, cpu, cuda or cuda:N (default auto)")
-    add("--optimizer", choices=("sgd", "adam", "adamw"), help="optimizer (default sgd, momentum 0.9)")
+    add(
+        "--optimizer",
+        choices=("sgd", "adam", "adamw"),
+        help="optimizer (default sgd, momentum 0.9)",
+    )
     add("--lr", type=float, help="learning rate (default 0.01)")
     add("--momentum", type=float, help="SGD momentum (default 0.9)")
     add("--weight-decay", type=float, help="weight decay (default 0)")
@@ -31,16 +35,33 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--explode-threshold", type=float, help="grad norm above this is exploding (1000)")
     add("--vanish-threshold", type=float, help="grad norm below this is vanishing (1e-7)")
     add("--update-ratio", action="store_true", default=None, help="also measure ||dw||/||w||")
-    add("--keep-going", action="store_true", default=None,
-        help="continue after a NaN/Inf instead of stopping before that optimizer step")
+    add(
+        "--keep-going",
+        action="store_true",
+        default=None,
+        help="continue after a NaN/Inf instead of stopping before that optimizer step",
+    )
     add("--weights", help="a state-dict file for a torchvision model (loaded weights_only)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     names = (
-        "steps", "batch_size", "device", "optimizer", "lr", "momentum", "weight_decay",
-        "loss_scale", "clip", "image_size", "layers", "seed", "explode_threshold",
-        "vanish_threshold", "update_ratio", "keep_going",
+        "steps",
+        "batch_size",
+        "device",
+        "optimizer",
+        "lr",
+        "momentum",
+        "weight_decay",
+        "loss_scale",
+        "clip",
+        "image_size",
+        "layers",
+        "seed",
+        "explode_threshold",
+        "vanish_threshold",
+        "update_ratio",
+        "keep_going",
     )
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
@@ -53,20 +74,27 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("source", help="a .py model script or a torchvision model name")
     _add_run_options(parser)
     parser.add_argument("--json", metavar="PATH", help="write the report as strict JSON")
-    parser.add_argument("--fail-on-nonfinite", action="store_true",
-                        help="exit with status 1 when a NaN/Inf was found")
+    parser.add_argument(
+        "--fail-on-nonfinite",
+        action="store_true",
+        help="exit with status 1 when a NaN/Inf was found",
+    )
     return parser
 
 
 def _app_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradscope",
-        description="GradScope: inspect PyTorch gradients. `gradscope run --help` for headless runs.",
+        description="GradScope: inspect PyTorch gradients "
+        "(`gradscope run --help` for headless runs).",
     )
     parser.add_argument("model", nargs="?", help="a .py model script or a torchvision model name")
     _add_run_options(parser)
-    parser.add_argument("--screenshot", metavar="PNG",
-                        help="run the steps, save a screenshot of the window and exit")
+    parser.add_argument(
+        "--screenshot",
+        metavar="PNG",
+        help="run the steps, save a screenshot of the window and exit",
+    )
     parser.add_argument("--version", action="store_true", help="print versions and exit")
     return parser
 
@@ -92,7 +120,12 @@ class _Progress:
             return
         filled = int(30 * done / self.total)
         bar = "#" * filled + "." * (30 - filled)
-        print(f"\r[{bar}] step {done}/{self.total}  loss {loss:.4g}", end="", file=sys.stderr, flush=True)
+        print(
+            f"\r[{bar}] step {done}/{self.total}  loss {loss:.4g}",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self.enabled:
@@ -128,7 +161,9 @@ def _run(args: argparse.Namespace) -> int:
             watch = runner.watch
             assert watch is not None
             history.append(
-                result.step, result.loss, result.stats,
+                result.step,
+                result.loss,
+                result.stats,
                 [layer.name for layer in watch.layers],
                 [layer.type_name for layer in watch.layers],
                 [layer.num_params for layer in watch.layers],

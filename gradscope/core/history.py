@@ -68,7 +68,9 @@ class RunHistory:
         return name in self._column
 
     def ensure_layers(
-        self, names: Sequence[str], types: Sequence[str] | None = None,
+        self,
+        names: Sequence[str],
+        types: Sequence[str] | None = None,
         params: Sequence[int] | None = None,
     ) -> np.ndarray:
         """Column indices of ``names``, adding columns for new layers."""
@@ -142,7 +144,9 @@ class RunHistory:
             if status != before and status != STATUS_OK:
                 label = STATUS_NAMES[status]
                 detail = (
-                    f" (grad norm {stats.grad_norm[index]:.3g})" if status != STATUS_NONFINITE else ""
+                    f" (grad norm {stats.grad_norm[index]:.3g})"
+                    if status != STATUS_NONFINITE
+                    else ""
                 )
                 message = f"step {step}: {name or '(model)'} {label}{detail}"
                 self.events.append(Event(step, label, name, message))

@@ -62,28 +62,25 @@ def _script_traceback(error: BaseException, path: Path) -> list[str]:
     """The traceback frames from the user's script onwards (GradScope's frames dropped)."""
     frames = traceback.extract_tb(error.__traceback__)
     resolved = str(path.resolve())
-    start = next(
-        (i for i, f in enumerate(frames) if os.path.abspath(f.filename) == resolved), 0
-    )
+    start = next((i for i, f in enumerate(frames) if os.path.abspath(f.filename) == resolved), 0)
     lines = traceback.format_list(frames[start:])
     lines += traceback.format_exception_only(type(error), error)
     return [line.rstrip("\n") for line in "".join(lines).splitlines()]
 
 
 def user_traceback(error: BaseException, user_files: list[Path]) -> list[str]:
-    """Traceback lines starting at the first frame in one of ``user_files``, for errors raised
-    while running a user's code (build_model, make_batch, forward)."""
+    """Traceback lines of the user's own code for an error raised while running it
+    (build_model, make_batch, forward): frames inside torch and GradScope are left out, and
+    the exception line closes the list."""
     frames = traceback.extract_tb(error.__traceback__)
     wanted = {str(p.resolve()) for p in user_files}
-    start = next(
-        (i for i, f in enumerate(frames) if os.path.abspath(f.filename) in wanted), None
-    )
-    if start is None:
-        start = next(
-            (i for i, f in enumerate(frames) if "gradscope" not in f.filename.split(os.sep)),
-            len(frames),
-        )
-    lines = traceback.format_list(frames[start:])
+    ours = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    kept = [
+        f
+        for f in frames
+        if os.path.abspath(f.filename) in wanted or not f.filename.startswith(ours)
+    ]
+    lines = traceback.format_list(kept)
     lines += traceback.format_exception_only(type(error), error)
     return [line.rstrip("\n") for line in "".join(lines).splitlines()]
 
@@ -105,7 +102,7 @@ def _import_script(path: Path) -> ModuleType:
         if detail and error.offset:
             detail.append(" " * (error.offset - 1) + "^")
         raise ModelScriptError(f"syntax error in {where}: {error.msg}", detail) from None
-    except BaseException as error:  # noqa: BLE001 - a user's script may raise anything
+    except BaseException as error:
         sys.modules.pop(name, None)
         if isinstance(error, KeyboardInterrupt):
             raise

@@ -130,7 +130,5 @@ def select_layers(model: nn.Module, patterns: Iterable[str] | None) -> list[str]
         chosen.update(matched)
     modules = dict(model.named_modules())
     return [
-        n
-        for n in names
-        if n in chosen and any(p.requires_grad for p in modules[n].parameters())
+        n for n in names if n in chosen and any(p.requires_grad for p in modules[n].parameters())
     ]

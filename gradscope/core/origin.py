@@ -71,10 +71,14 @@ class Origin:
         return asdict(self)
 
     def describe(self) -> str:
-        where = "outside the model (loss code)" if self.module is None else (
-            f"module {self.module or '(model root)'!r}"
+        where = (
+            "outside the model (loss code)"
+            if self.module is None
+            else (f"module {self.module or '(model root)'!r}")
         )
-        text = f"step {self.step}: first {self.kind.upper()} in {self.phase}, {where}, {self.tensor}"
+        text = (
+            f"step {self.step}: first {self.kind.upper()} in {self.phase}, {where}, {self.tensor}"
+        )
         if self.op:
             text += f", op {self.op}"
         if self.file:
@@ -141,13 +145,25 @@ class _Tracer(TorchFunctionMode):
         self.first_forward_op: tuple[_OpRecord, str] | None = None
         self.active = True
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not self.active:
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        checking = self.first_forward_op is None and not name.startswith("__") and name not in (
-            "size", "dim", "numel", "is_floating_point", "shape", "dtype", "device", "grad_fn",
+        checking = (
+            self.first_forward_op is None
+            and not name.startswith("__")
+            and name
+            not in (
+                "size",
+                "dim",
+                "numel",
+                "is_floating_point",
+                "shape",
+                "dtype",
+                "device",
+                "grad_fn",
+            )
         )
         inputs_finite = True
         if checking:
@@ -252,7 +268,9 @@ def locate_first_nonfinite(
             loss = compute_loss()
         tracer.active = False
         for node, record in tracer.labels.items():
-            handles.append(node.register_hook(_node_hook(node, record, backward_hit, module_of_param)))
+            handles.append(
+                node.register_hook(_node_hook(node, record, backward_hit, module_of_param))
+            )
         loss_finite = bool(torch.isfinite(loss.detach()).all())
         if check.first_module is not None:
             module, kind = check.first_module
@@ -287,9 +305,7 @@ def _attach_location(origin: Origin, location: SourceLocation | None) -> None:
         origin.file, origin.line, origin.code = location.file, location.line, location.code
 
 
-def _attach_op(
-    origin: Origin, found: tuple[_OpRecord, str] | None, module: str | None
-) -> None:
+def _attach_op(origin: Origin, found: tuple[_OpRecord, str] | None, module: str | None) -> None:
     """Name the operation when the tracer's first non-finite op lies inside the blamed
     module (or, for the loss phase, outside every module)."""
     if found is None:
@@ -322,7 +338,9 @@ def _node_hook(
             return
         for index, grad in outgoing:
             if grad.numel() and not bool(torch.isfinite(grad).all()):
-                hits.append((record, _grad_target(node, index, record, module_of_param), _kind([grad])))
+                hits.append(
+                    (record, _grad_target(node, index, record, module_of_param), _kind([grad]))
+                )
                 return
 
     return hook
@@ -332,7 +350,9 @@ def _grad_target(
     node: Any, index: int, record: _OpRecord, module_of_param: dict[int, tuple[str, str]]
 ) -> str:
     """Name what a node's ``index``-th outgoing gradient is for: a parameter or an input."""
-    target = _param_behind(node.next_functions[index][0]) if index < len(node.next_functions) else None
+    target = (
+        _param_behind(node.next_functions[index][0]) if index < len(node.next_functions) else None
+    )
     if target is not None and id(target) in module_of_param:
         owner, local = module_of_param[id(target)]
         if owner == record.module:

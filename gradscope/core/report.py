@@ -94,16 +94,20 @@ def summary_table(history: RunHistory) -> str:
         last = measured[-1] if len(measured) else MISSING
         largest = _nan_aware_max(measured)
         maxima = history.series("max_abs", name)
-        rows.append((
-            name or "(model)",
-            type_name,
-            f"{params:,}",
-            history.worst(name),
-            _format(last),
-            _format(largest),
-            _format(_nan_aware_max(maxima[maxima != MISSING])),
-        ))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+        rows.append(
+            (
+                name or "(model)",
+                type_name,
+                f"{params:,}",
+                history.worst(name),
+                _format(last),
+                _format(largest),
+                _format(_nan_aware_max(maxima[maxima != MISSING])),
+            )
+        )
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     right = {2, 4, 5, 6}
 
     def line(cells: tuple[str, ...]) -> str:

@@ -57,9 +57,8 @@ def resolve_device(name: str) -> torch.device:
             )
         index = int(name.split(":")[1]) if ":" in name else 0
         if index >= torch.cuda.device_count():
-            raise GradScopeError(
-                f"device {name!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
+            count = torch.cuda.device_count()
+            raise GradScopeError(f"device {name!r} asked for; only {count} CUDA device(s) exist")
     return torch.device(name)
 
 
@@ -338,9 +337,11 @@ class StepRunner:
         if origin is not None:
             return origin
         # The re-run stayed finite (a non-deterministic kernel?): say what is known.
-        kind = "nan" if (stats.loss is not None and math.isnan(stats.loss)) or int(
-            np.sum(stats.nan_count)
-        ) else "inf"
+        kind = (
+            "nan"
+            if (stats.loss is not None and math.isnan(stats.loss)) or int(np.sum(stats.nan_count))
+            else "inf"
+        )
         if stats.loss_nonfinite:
             return Origin(step, "loss", None, "loss", kind, details={"reproduced": False})
         return Origin(step, "backward", None, "grad", kind, details={"reproduced": False})

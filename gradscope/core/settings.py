@@ -46,11 +46,15 @@ class RunSettings:
         if self.batch_size < 1:
             problems.append(f"batch size must be >= 1, not {self.batch_size}")
         if self.optimizer not in OPTIMIZERS:
-            problems.append(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {self.optimizer!r}")
+            problems.append(
+                f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {self.optimizer!r}"
+            )
         for name in ("lr", "momentum", "weight_decay", "explode_threshold", "vanish_threshold"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
-                problems.append(f"{name.replace('_', ' ')} must be a finite number >= 0, not {value}")
+                problems.append(
+                    f"{name.replace('_', ' ')} must be a finite number >= 0, not {value}"
+                )
         if not math.isfinite(self.loss_scale):
             problems.append(f"loss scale must be finite, not {self.loss_scale}")
         if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):

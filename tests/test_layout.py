@@ -1,0 +1,38 @@
+"""The architecture holds: the engine never imports Qt, the layout is as documented."""
+
+import ast
+import subprocess
+import sys
+
+from conftest import REPO
+
+QT_MODULES = ("PySide6", "pyqtgraph", "PyQt5", "PyQt6", "shiboken6")
+
+
+def test_core_sources_do_not_import_qt():
+    for path in sorted((REPO / "gradscope" / "core").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith(QT_MODULES), f"{path.name} imports {name}"
+
+
+def test_importing_engine_and_cli_loads_no_qt():
+    code = (
+        "import sys, gradscope.cli, gradscope.core.runner, gradscope.core.report, "
+        "gradscope.core.history, gradscope.core.origin\n"
+        f"bad = [m for m in sys.modules if m.split('.')[0] in {QT_MODULES!r}]\n"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_top_level_layout():
+    for name in ("pyproject.toml", "README.md", "gradscope", "tests", "assets", "sample_models"):
+        assert (REPO / name).exists(), name

@@ -1,0 +1,140 @@
+"""The step runner on real models: the seed scenario, halting at NaN, bit-identical training
+with and without the watch, torchvision models, settings changed between steps."""
+
+import math
+
+import torch
+from conftest import REPO
+
+from gradscope.core.history import RunHistory
+from gradscope.core.loading import load_with_settings
+from gradscope.core.runner import StepRunner
+from gradscope.core.settings import RunSettings
+from gradscope.core.watch import STATUS_EXPLODING, STATUS_OK
+
+SEED_SCRIPT = str(REPO / "sample_models" / "seed_explosion.py")
+
+NAN_SCRIPT = """
+import torch
+from torch import nn
+
+CONFIG = {"steps": 6, "batch_size": 4, "lr": 0.1}
+
+class Blowup(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+    def forward(self, x):
+        self.steps += 1
+        # finite for two calls, then the module's own code divides by zero
+        return x / (0.0 if self.steps >= 3 else 1.0)
+
+def build_model():
+    return nn.Sequential(nn.Linear(3, 5), Blowup(), nn.Linear(5, 1))
+
+def make_batch(batch_size, device):
+    return torch.randn(batch_size, 3, device=device), torch.randn(batch_size, 1, device=device)
+"""
+
+
+def _losses(source, watch=True, **overrides):
+    loaded, settings = load_with_settings(source, overrides)
+    runner = StepRunner(loaded, settings, watch=watch)
+    return [r.loss for r in runner.run()], runner
+
+
+def test_seed_scenario_reports_critical_layer_exploding():
+    loaded, settings = load_with_settings(SEED_SCRIPT, {"steps": 3})
+    runner = StepRunner(loaded, settings)
+    names = [layer.name for layer in runner.watch.layers]
+    assert names == ["critical_layer", "output_layer"]
+    result = runner.step()
+    critical = names.index("critical_layer")
+    weight_norm = torch.linalg.vector_norm(runner.model.critical_layer.weight.grad).item()
+    assert weight_norm > 1000
+    assert result.stats.status[critical] == STATUS_EXPLODING
+    assert result.stats.grad_norm[critical] > 1000
+    assert result.origin is None and result.applied
+
+
+def test_same_model_without_loss_scale_is_ok():
+    loaded, settings = load_with_settings(SEED_SCRIPT, {"steps": 2, "loss_scale": 1.0})
+    runner = StepRunner(loaded, settings)
+    result = runner.step()
+    assert (result.stats.status == STATUS_OK).all()
+
+
+def test_watching_never_changes_training_bit_for_bit():
+    overrides = {"steps": 5, "loss_scale": 1.0, "lr": 0.05, "optimizer": "adam"}
+    plain, _ = _losses(SEED_SCRIPT, watch=False, **overrides)
+    watched, _ = _losses(SEED_SCRIPT, watch=True, update_ratio=True, **overrides)
+    assert plain == watched
+    assert len(set(plain)) > 1  # training really moved
+
+
+def test_nan_step_halts_before_the_optimizer_step(write_script):
+    path = write_script(NAN_SCRIPT)
+    loaded, settings = load_with_settings(str(path), {})
+    runner = StepRunner(loaded, settings)
+    results = list(runner.run())
+    assert len(results) == 3 and runner.halted
+    last = results[-1]
+    assert not last.applied and last.nonfinite
+    origin = runner.first_nonfinite
+    assert (origin.step, origin.phase, origin.module, origin.tensor) == (
+        2,
+        "forward",
+        "1",
+        "output",
+    )
+    assert origin.file == str(path) and "x / (0.0" in origin.code
+    # the weights are those before the failing step: still finite
+    assert all(torch.isfinite(p).all() for p in runner.model.parameters())
+
+
+def test_keep_going_runs_every_step(write_script):
+    path = write_script(NAN_SCRIPT)
+    losses, runner = _losses(str(path), keep_going=True)
+    assert len(losses) == 6 and not runner.halted
+    assert runner.first_nonfinite.step == 2
+    assert all(math.isfinite(v) for v in losses[:2])
+
+
+def test_torchvision_resnet_watched_on_every_module():
+    loaded, settings = load_with_settings(
+        "resnet18", {"steps": 1, "batch_size": 2, "image_size": 64}
+    )
+    settings = settings.replaced(layers=["*"])
+    runner = StepRunner(loaded, settings)
+    # every module with parameters somewhere below it (ReLU and pooling have none to watch)
+    expected = [n for n, m in runner.model.named_modules() if any(True for _ in m.parameters())]
+    assert [layer.name for layer in runner.watch.layers] == expected
+    (result,) = list(runner.run())
+    assert math.isfinite(result.loss)
+    assert result.stats.grad_norm.shape == (len(runner.watch.layers),)
+    history = RunHistory()
+    history.append(result.step, result.loss, result.stats, [la.name for la in runner.watch.layers])
+    assert history.count == 1
+
+
+def test_vit_gets_its_fixed_input_size():
+    loaded, settings = load_with_settings("vit_b_16", {"image_size": 64})
+    assert settings.image_size == 224 and loaded.notes
+
+
+def test_settings_change_between_steps_applies_next_step():
+    loaded, settings = load_with_settings(SEED_SCRIPT, {"steps": 3})
+    runner = StepRunner(loaded, settings)
+    runner.step()
+    runner.apply_settings(runner.settings.replaced(lr=0.5, clip=1.0, loss_scale=1.0))
+    assert runner.optimizer.param_groups[0]["lr"] == 0.5
+    result = runner.step()
+    assert result.loss < 1e6  # loss scale no longer applied
+    runner.apply_settings(runner.settings.replaced(layers=["output_layer"]))
+    result = runner.step()
+    assert [layer.name for layer in runner.watch.layers] == ["output_layer"]
+    assert result.stats.grad_norm.shape == (1,)
+
+
+def test_default_settings_validate():
+    assert RunSettings().validated().device == "auto"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -186,7 +187,12 @@ def _run(args: argparse.Namespace) -> int:
     print(summary_table(history))
     origin = history.first_nonfinite
     if origin is not None:
-        print(f"first non-finite value: {origin.describe()}")
+        from gradscope.core.diagnosis import explain
+
+        first, *rest = explain(origin)
+        print(f"first non-finite value: {first}")
+        for line in rest:
+            print(textwrap.fill(line, width=100, subsequent_indent="  "))
         if runner.halted:
             print("stopped before applying that step's optimizer update (--keep-going continues)")
     if args.json:

@@ -48,12 +48,19 @@ def test_summary_and_strict_json(capsys, write_script, tmp_path):
     assert code == 0
     assert "first non-finite value: step 0: first NAN in forward, module '2'" in out
     text = report.read_text()
-    data = json.loads(text)  # strict: no bare NaN
-    assert "NaN" not in text and "Infinity" not in text
+
+    def reject(constant):
+        raise AssertionError(f"bare {constant} in JSON")
+
+    data = json.loads(text, parse_constant=reject)  # strict: no bare NaN/Infinity
     assert data["steps_run"] == 1 and data["loss"] == ["nan"]
     assert data["first_nonfinite"]["phase"] == "forward"
     assert data["first_nonfinite"]["module"] == "2"
     assert data["first_nonfinite"]["line"] > 0
+    assert data["first_nonfinite"]["op"] == "torch.log"
+    assert "torch.log(x - x.max())" in data["first_nonfinite"]["code"]
+    assert "epsilon" in data["first_nonfinite"]["hint"]
+    assert data["first_nonfinite"]["values"]["inputs"][0]["max"] == 0.0
     layers = {layer["name"]: layer for layer in data["layers"]}
     assert layers["3"]["status"] == "nonfinite"
     assert layers["3"]["grad_norm"] == ["nan"]

@@ -22,6 +22,7 @@ the random state are restored, so localisation never changes training.
 from __future__ import annotations
 
 import linecache
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -133,16 +134,60 @@ class _OpRecord:
     location: SourceLocation | None
 
 
+@dataclass
+class _Candidate:
+    """An op whose output gained a NaN (from NaN-free inputs) or an Inf (from finite inputs)."""
+
+    record: _OpRecord
+    kind: str
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+
+
+def tensor_summary(tensor: torch.Tensor) -> dict[str, Any]:
+    """min/max/mean (over finite values), NaN and Inf counts, shape and dtype of a tensor."""
+    data = tensor.detach()
+    finite = data[torch.isfinite(data)] if data.numel() else data
+    summary: dict[str, Any] = {
+        "shape": list(data.shape),
+        "dtype": str(data.dtype).replace("torch.", ""),
+        "nan": int(torch.isnan(data).sum()) if data.numel() else 0,
+        "inf": int(torch.isinf(data).sum()) if data.numel() else 0,
+    }
+    if finite.numel():
+        as_float = finite.float()
+        summary.update(
+            min=float(as_float.min()), max=float(as_float.max()), mean=float(as_float.mean())
+        )
+    return summary
+
+
+def _asks_for_nonfinite(args: tuple, kwargs: dict[str, Any]) -> bool:
+    """An op given a non-finite Python number (``masked_fill(mask, float("-inf"))``,
+    ``torch.full(..., -inf)``) makes Inf on purpose: attention masks are built that way."""
+    leaves, _ = tree_flatten((args, kwargs))
+    return any(isinstance(v, float) and not math.isfinite(v) for v in leaves)
+
+
+def _is_inplace(name: str, kwargs: dict[str, Any]) -> bool:
+    return (
+        (name.endswith("_") and not name.startswith("__"))
+        or name.startswith("__i")
+        or kwargs.get("out") is not None
+    )
+
+
 class _Tracer(TorchFunctionMode):
-    """Labels autograd nodes with (op, module, line) and finds the first forward op whose
-    floating outputs are non-finite while its floating inputs were finite."""
+    """Sees every torch operation of the diagnostic forward: labels the autograd nodes it
+    creates with (op, module, line) and keeps the candidate ops that made a NaN or an Inf."""
 
     def __init__(self, module_stack: list[str], params: dict[int, str]) -> None:
         super().__init__()
         self.module_stack = module_stack
         self.params = params
         self.labels: dict[Any, _OpRecord] = {}
-        self.first_forward_op: tuple[_OpRecord, str] | None = None
+        self.candidates: list[_Candidate] = []
+        self.checking = True
         self.active = True
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -150,25 +195,11 @@ class _Tracer(TorchFunctionMode):
         if not self.active:
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        checking = (
-            self.first_forward_op is None
-            and not name.startswith("__")
-            and name
-            not in (
-                "size",
-                "dim",
-                "numel",
-                "is_floating_point",
-                "shape",
-                "dtype",
-                "device",
-                "grad_fn",
-            )
-        )
-        inputs_finite = True
-        if checking:
-            inputs = [t for t in _float_tensors((args, kwargs)) if id(t) not in self.params]
-            inputs_finite = _all_finite(inputs)
+        before = None
+        if self.checking and _is_inplace(name, kwargs):
+            # An in-place op overwrites its input: look at it before the call.
+            before = self._inputs(args, kwargs)
+            before = (before, [tensor_summary(t) for t in before])
         out = func(*args, **kwargs)
         outputs = _float_tensors(out)
         if not outputs:
@@ -179,9 +210,38 @@ class _Tracer(TorchFunctionMode):
             if node is not None and node not in self.labels:
                 record = record or self._record(func)
                 self._label(node, record)
-        if checking and inputs_finite and not _all_finite(outputs):
-            self.first_forward_op = (record or self._record(func), _kind(outputs))
+        if self.checking and not _all_finite(outputs) and not _asks_for_nonfinite(args, kwargs):
+            self._consider(func, args, kwargs, outputs, before, record)
         return out
+
+    def _inputs(self, args: tuple, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        return [t for t in _float_tensors((args, kwargs)) if id(t) not in self.params]
+
+    def _consider(self, func, args, kwargs, outputs, before, record) -> None:
+        if before is not None:
+            inputs, input_stats = before
+            in_nan = any(s["nan"] for s in input_stats)
+            in_inf = any(s["inf"] for s in input_stats)
+        else:
+            inputs = self._inputs(args, kwargs)
+            input_stats = None
+            in_nan = any(bool(torch.isnan(t).any()) for t in inputs if t.numel())
+            in_inf = any(bool(torch.isinf(t).any()) for t in inputs if t.numel())
+        out_nan = any(bool(torch.isnan(t).any()) for t in outputs if t.numel())
+        if out_nan and not in_nan:
+            kind = "nan"
+        elif not in_nan and not in_inf:
+            kind = "inf"
+        else:
+            return
+        self.candidates.append(
+            _Candidate(
+                record or self._record(func),
+                kind,
+                input_stats or [tensor_summary(t) for t in inputs[:4]],
+                [tensor_summary(t) for t in outputs[:4]],
+            )
+        )
 
     def _record(self, func: Any) -> _OpRecord:
         module = self.module_stack[-1] if self.module_stack else None
@@ -204,6 +264,7 @@ class _Tracer(TorchFunctionMode):
 class _ModuleCheck:
     first_module: tuple[str, str] | None = None  # (module name, kind)
     stack: list[bool] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
 
 
 def _iter_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -250,6 +311,11 @@ def locate_first_nonfinite(
                 outputs = _float_tensors(output)
                 if not _all_finite(outputs):
                     check.first_module = (name, _kind(outputs))
+                    check.values = {
+                        "inputs": [tensor_summary(t) for t in _float_tensors((args, kwargs))[:4]],
+                        "outputs": [tensor_summary(t) for t in outputs[:4]],
+                    }
+                    tracer.checking = False
 
         return hook
 
@@ -257,12 +323,12 @@ def locate_first_nonfinite(
         handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
         handles.append(module.register_forward_hook(post_hook(name), with_kwargs=True))
 
+    tracer = _Tracer(module_stack, params)
     saved_grads = {id(p): p.grad for p in model.parameters()}
     saved_buffers = [(b, b.detach().clone()) for b in model.buffers()]
     for p in model.parameters():
         p.grad = None
-    tracer = _Tracer(module_stack, params)
-    backward_hit: list[tuple[_OpRecord, str, str]] = []
+    backward_hit: list[_BackwardHit] = []
     try:
         with tracer:
             loss = compute_loss()
@@ -275,20 +341,31 @@ def locate_first_nonfinite(
         if check.first_module is not None:
             module, kind = check.first_module
             origin = Origin(step, "forward", module, "output", kind)
-            _attach_op(origin, tracer.first_forward_op, module)
-            return origin
-        if not loss_finite:
+            origin.details["module_values"] = check.values
+            _attach_op(origin, tracer.candidates)
+        elif not loss_finite:
             origin = Origin(step, "loss", None, "loss", _kind([loss.detach()]))
-            _attach_op(origin, tracer.first_forward_op, None)
-            return origin
-        if loss.requires_grad:
-            loss.backward()
-        if backward_hit:
-            record, tensor, kind = backward_hit[0]
-            origin = Origin(step, "backward", record.module, tensor, kind, op=record.op)
-            _attach_location(origin, record.location)
-            return origin
-        return None
+            _attach_op(origin, tracer.candidates)
+        else:
+            if loss.requires_grad:
+                loss.backward()
+            if not backward_hit:
+                return None
+            hit = backward_hit[0]
+            origin = Origin(
+                step,
+                "backward",
+                hit.record.module,
+                hit.tensor,
+                hit.kind,
+                op=f"{hit.record.op} backward ({hit.node_name})",
+            )
+            origin.details["values"] = {"grad_in": hit.incoming, "grad_out": hit.outgoing}
+            _attach_location(origin, hit.record.location)
+        from gradscope.core.diagnosis import hint_for
+
+        origin.details["hint"] = hint_for(origin)
+        return origin
     finally:
         for handle in handles:
             handle.remove()
@@ -305,27 +382,42 @@ def _attach_location(origin: Origin, location: SourceLocation | None) -> None:
         origin.file, origin.line, origin.code = location.file, location.line, location.code
 
 
-def _attach_op(origin: Origin, found: tuple[_OpRecord, str] | None, module: str | None) -> None:
-    """Name the operation when the tracer's first non-finite op lies inside the blamed
-    module (or, for the loss phase, outside every module)."""
-    if found is None:
+def _inside(record_module: str | None, module: str | None) -> bool:
+    if module is None:
+        return record_module is None
+    if record_module is None:
+        return False
+    return module == "" or record_module == module or record_module.startswith(module + ".")
+
+
+def _attach_op(origin: Origin, candidates: list[_Candidate]) -> None:
+    """Name the operation: the first candidate op inside the blamed module (outside every
+    module for the loss phase)."""
+    chosen = next((c for c in candidates if _inside(c.record.module, origin.module)), None)
+    if chosen is None:
         return
-    record, _kind_found = found
-    inside = (
-        record.module is None
-        if module is None
-        else record.module is not None
-        and (module == "" or record.module == module or record.module.startswith(module + "."))
-    )
-    if inside:
-        origin.op = record.op
-        _attach_location(origin, record.location)
+    origin.op = chosen.record.op
+    # The first non-finite value is the op's: an Inf that a later layer turned into NaN is
+    # reported as the Inf it started as.
+    origin.kind = chosen.kind
+    origin.details["values"] = {"inputs": chosen.inputs, "outputs": chosen.outputs}
+    _attach_location(origin, chosen.record.location)
+
+
+@dataclass
+class _BackwardHit:
+    record: _OpRecord
+    node_name: str
+    tensor: str
+    kind: str
+    incoming: list[dict[str, Any]]
+    outgoing: list[dict[str, Any]]
 
 
 def _node_hook(
     node: Any,
     record: _OpRecord,
-    hits: list[tuple[_OpRecord, str, str]],
+    hits: list[_BackwardHit],
     module_of_param: dict[int, tuple[str, str]],
 ) -> Callable[..., None]:
     def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
@@ -339,7 +431,14 @@ def _node_hook(
         for index, grad in outgoing:
             if grad.numel() and not bool(torch.isfinite(grad).all()):
                 hits.append(
-                    (record, _grad_target(node, index, record, module_of_param), _kind([grad]))
+                    _BackwardHit(
+                        record,
+                        type(node).__name__,
+                        _grad_target(node, index, record, module_of_param),
+                        _kind([grad]),
+                        [tensor_summary(g) for g in incoming[:4]],
+                        [tensor_summary(g) for _, g in outgoing[:4]],
+                    )
                 )
                 return
 

@@ -17,7 +17,7 @@ import numpy as np
 from gradscope.core.history import MISSING, STATISTICS, RunHistory
 from gradscope.core.origin import Origin
 
-ORIGIN_FIELDS = ("step", "phase", "module", "tensor", "kind", "op", "file", "line", "code", "hint")
+ORIGIN_FIELDS = ("step", "phase", "module", "tensor", "kind", "op", "file", "line", "code")
 
 
 def json_number(value: float) -> float | str | None:
@@ -33,13 +33,25 @@ def _series(values: np.ndarray) -> list[float | str | None]:
     return [None if v == MISSING else json_number(v) for v in values.tolist()]
 
 
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return json_number(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def origin_to_json(origin: Origin | None) -> dict[str, Any] | None:
+    """``first_nonfinite``: where, which op and line, a hint, and the values that led there
+    (``values.inputs``/``outputs`` for forward and loss, ``grad_in``/``grad_out`` for
+    backward: count of NaN/Inf and min/max/mean of the finite entries)."""
     if origin is None:
         return None
-    data = origin.to_dict()
-    hint = data.get("details", {}).get("hint")
-    result = {name: data.get(name) for name in ORIGIN_FIELDS}
-    result["hint"] = hint
+    result: dict[str, Any] = {name: getattr(origin, name) for name in ORIGIN_FIELDS}
+    result["hint"] = origin.details.get("hint")
+    result["values"] = _json_safe(origin.details.get("values"))
     return result
 
 

@@ -43,28 +43,19 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="continue after a NaN/Inf instead of stopping before that optimizer step",
     )
     add("--weights", help="a state-dict file for a torchvision model (loaded weights_only)")
+    add(
+        "--trace",
+        action="store_true",
+        default=None,
+        help='record every forward call and backward gradient of each step (JSON: "trace")',
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    names = (
-        "steps",
-        "batch_size",
-        "device",
-        "optimizer",
-        "lr",
-        "momentum",
-        "weight_decay",
-        "loss_scale",
-        "clip",
-        "image_size",
-        "layers",
-        "seed",
-        "explode_threshold",
-        "vanish_threshold",
-        "update_ratio",
-        "keep_going",
-    )
-    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    """The run settings the user typed (argparse dests are the RunSettings field names)."""
+    from gradscope.core.settings import SETTING_NAMES
+
+    return {n: getattr(args, n) for n in SETTING_NAMES if getattr(args, n, None) is not None}
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -147,7 +138,7 @@ def run_command(argv: Sequence[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     from gradscope.core.history import RunHistory
     from gradscope.core.loading import load_with_settings
-    from gradscope.core.report import build_report, summary_table, write_json
+    from gradscope.core.report import build_report, summary_table, trace_to_json, write_json
     from gradscope.core.runner import StepRunner
 
     loaded, settings = load_with_settings(args.source, _overrides(args), weights=args.weights)
@@ -155,8 +146,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"note: {note}", file=sys.stderr)
     runner = StepRunner(loaded, settings)
     history = RunHistory()
+    trace: list = []
     progress = _Progress(settings.steps)
-    layer_names = [layer.name for layer in runner.watch.layers] if runner.watch else []
     try:
         for result in runner.run():
             watch = runner.watch
@@ -170,6 +161,7 @@ def _run(args: argparse.Namespace) -> int:
                 [layer.num_params for layer in watch.layers],
                 origin=result.origin,
             )
+            trace.extend(result.trace or ())
             progress.update(result.step + 1, result.loss)
     except KeyboardInterrupt:
         progress.close()
@@ -178,7 +170,6 @@ def _run(args: argparse.Namespace) -> int:
         progress.close()
     finally:
         runner.close()
-    del layer_names
     print(f"{loaded.display_name} on {runner.device}: {history.count} step(s)", end="")
     if history.count:
         print(f", loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
@@ -196,7 +187,10 @@ def _run(args: argparse.Namespace) -> int:
         if runner.halted:
             print("stopped before applying that step's optimizer update (--keep-going continues)")
     if args.json:
-        write_json(build_report(loaded.source, str(runner.device), history), args.json)
+        report = build_report(loaded.source, str(runner.device), history)
+        if settings.trace:
+            report["trace"] = trace_to_json(trace)
+        write_json(report, args.json)
     if origin is not None and args.fail_on_nonfinite:
         return EXIT_NONFINITE
     return EXIT_OK

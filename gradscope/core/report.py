@@ -138,3 +138,8 @@ def _nan_aware_max(values: np.ndarray) -> float:
     if np.isnan(values).any():
         return float("nan")
     return float(values.max())
+
+
+def trace_to_json(events: list[Any]) -> list[dict[str, Any]]:
+    """``trace``: one entry per event of traced steps, in the order they happened."""
+    return [_json_safe(event.to_dict()) for event in events]

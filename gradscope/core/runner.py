@@ -8,6 +8,7 @@ rate, clipping, loss scale, thresholds...), which is how the app's what-if works
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from gradscope.core.loading import LoadedModel, user_traceback
 from gradscope.core.module_tree import ModuleTree, build_module_tree
 from gradscope.core.origin import Origin, locate_first_nonfinite
 from gradscope.core.settings import RunSettings
+from gradscope.core.trace import TraceEvent, trace_step
 from gradscope.core.watch import GradientWatch, StepStats
 
 
@@ -37,6 +39,7 @@ class StepResult:
     origin: Origin | None
     applied: bool
     seconds: float
+    trace: list[TraceEvent] | None = None
 
     @property
     def nonfinite(self) -> bool:
@@ -133,6 +136,26 @@ def _build_optimizer(model: nn.Module, settings: RunSettings) -> torch.optim.Opt
     return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
+@dataclass
+class _Snapshot:
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: tuple[torch.Tensor, torch.Tensor | None]
+    first_nonfinite: Origin | None
+    watch_step: int
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
 def _capture_rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return torch.get_rng_state(), cuda
@@ -180,6 +203,8 @@ class StepRunner:
         self.first_nonfinite: Origin | None = None
         self.halted = False
         self._user_files = [loaded.path] if loaded.path else []
+        self._snapshots: list[_Snapshot] = []
+        self._computed: StepResult | None = None
 
     # -- configuration between steps -------------------------------------------------
     def _make_watch(self, layers: list[str] | None) -> GradientWatch:
@@ -280,11 +305,45 @@ class StepRunner:
         """One forward/backward/optimizer step. When a NaN/Inf appears, the step's origin is
         located and (unless ``keep_going``) the optimizer step is not applied, so the weights
         and gradients stay as they were for inspection."""
+        return self.apply(self.compute())
+
+    def compute(self) -> StepResult:
+        """The first half of a step: forward, loss, backward, statistics (and the trace in
+        trace mode), without the optimizer. The gradients are complete and inspectable until
+        :meth:`apply` (the app's "pause before the optimizer step")."""
         started = time.perf_counter()
         step = self.step_index
+        self._take_snapshot()
         self.optimizer.zero_grad(set_to_none=True)
         inputs, target = self._batch()
         rng_before = _capture_rng(self.device)
+        trace = None
+        if self.settings.trace:
+            with trace_step(self.model, step) as trace:
+                loss = self._forward_backward(inputs, target)
+        else:
+            loss = self._forward_backward(inputs, target)
+        stats = self.watch.collect(loss) if self.watch is not None else None
+        loss_value = stats.loss if stats is not None else float(loss.detach())
+        origin = None
+        result = StepResult(
+            step=step,
+            loss=float(loss_value),
+            stats=stats,
+            origin=None,
+            applied=False,
+            seconds=0.0,
+            trace=trace.events if trace is not None else None,
+        )
+        if result.nonfinite and self.first_nonfinite is None and stats is not None:
+            origin = self._locate(step, inputs, target, rng_before, stats)
+            self.first_nonfinite = origin
+            result.origin = origin
+        result.seconds = time.perf_counter() - started
+        self._computed = result
+        return result
+
+    def _forward_backward(self, inputs: Any, target: Any) -> torch.Tensor:
         loss = self._loss(inputs, target)
         try:
             if loss.requires_grad:
@@ -296,34 +355,83 @@ class StepRunner:
                 f"backward failed: {str(error).splitlines()[0]}",
                 user_traceback(error, self._user_files),
             ) from error
-        stats = self.watch.collect(loss) if self.watch is not None else None
-        loss_value = stats.loss if stats is not None else float(loss.detach())
-        nonfinite = stats.nonfinite if stats is not None else not math.isfinite(loss_value)
-        origin = None
-        if nonfinite and self.first_nonfinite is None and stats is not None:
-            origin = self._locate(step, inputs, target, rng_before, stats)
-            self.first_nonfinite = origin
-        applied = False
-        if not nonfinite or self.settings.keep_going:
+        return loss
+
+    def apply(self, result: StepResult) -> StepResult:
+        """The second half of a step: clip and apply the optimizer with the current settings
+        (so a clip or learning rate set while paused before it takes effect here), unless
+        the step went non-finite and ``keep_going`` is off."""
+        if self._computed is not result:
+            raise RuntimeError("apply() takes the result of the latest compute()")
+        self._computed = None
+        started = time.perf_counter()
+        if not result.nonfinite or self.settings.keep_going:
             if self.settings.clip is not None:
                 torch.nn.utils.clip_grad_norm_(
                     [p for p in self.model.parameters() if p.grad is not None], self.settings.clip
                 )
             self.optimizer.step()
-            applied = True
+            result.applied = True
             if self.watch is not None and self.settings.update_ratio:
                 self.watch.measure_update()
         else:
             self.halted = True
         self.step_index += 1
-        return StepResult(
-            step=step,
-            loss=float(loss_value),
-            stats=stats,
-            origin=origin,
-            applied=applied,
-            seconds=time.perf_counter() - started,
+        result.seconds += time.perf_counter() - started
+        return result
+
+    # -- rewind ------------------------------------------------------------------------
+    def _take_snapshot(self) -> None:
+        depth = self.settings.rewind_depth
+        if depth <= 0:
+            self._snapshots.clear()
+            return
+        self._snapshots.append(
+            _Snapshot(
+                step=self.step_index,
+                model={k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                optimizer=copy.deepcopy(self.optimizer.state_dict()),
+                rng=_capture_rng(self.device),
+                first_nonfinite=self.first_nonfinite,
+                watch_step=self.watch.step if self.watch is not None else 0,
+            )
         )
+        del self._snapshots[:-depth]
+
+    @property
+    def rewind_steps(self) -> list[int]:
+        """Steps the run can go back to (the state just before each of them is kept)."""
+        return [snapshot.step for snapshot in self._snapshots]
+
+    def snapshot_bytes(self) -> int:
+        """Memory held by the rewind snapshots (model and optimizer tensors)."""
+        total = 0
+        for snapshot in self._snapshots:
+            tensors = list(snapshot.model.values()) + _tensors_in(snapshot.optimizer)
+            total += sum(t.numel() * t.element_size() for t in tensors)
+        return total
+
+    def rewind(self, step: int) -> None:
+        """Go back to just before ``step``: weights, optimizer state and random state as they
+        were, so the same settings reproduce the same losses bit for bit; change settings
+        first for a what-if. Later snapshots are dropped (their branch is gone)."""
+        index = next((i for i, s in enumerate(self._snapshots) if s.step == step), None)
+        if index is None:
+            raise GradScopeError(
+                f"cannot rewind to step {step}; kept: {self.rewind_steps or 'none'}"
+            )
+        snapshot = self._snapshots[index]
+        del self._snapshots[index:]
+        self.model.load_state_dict(snapshot.model)
+        self.optimizer.load_state_dict(snapshot.optimizer)
+        _restore_rng(snapshot.rng, self.device)
+        self.first_nonfinite = snapshot.first_nonfinite
+        self.step_index = snapshot.step
+        if self.watch is not None:
+            self.watch._step = snapshot.watch_step
+        self.optimizer.zero_grad(set_to_none=True)
+        self._computed = None
+        self.halted = False
 
     def _locate(
         self, step: int, inputs: Any, target: Any, rng_before: Any, stats: StepStats

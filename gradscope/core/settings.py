@@ -34,6 +34,8 @@ class RunSettings:
     layers: list[str] | None = None
     keep_going: bool = False
     update_ratio: bool = False
+    trace: bool = False
+    rewind_depth: int = 0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def validated(self) -> RunSettings:
@@ -59,6 +61,8 @@ class RunSettings:
             problems.append(f"loss scale must be finite, not {self.loss_scale}")
         if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
             problems.append(f"clip must be a positive max norm, not {self.clip}")
+        if not 0 <= self.rewind_depth <= 1000:
+            problems.append(f"rewind depth must be 0..1000, not {self.rewind_depth}")
         if self.image_size < 8:
             problems.append(f"image size must be >= 8, not {self.image_size}")
         if problems:

@@ -1,0 +1,228 @@
+"""Trace of one step: every forward call finishing and every gradient arriving in backward,
+numbered in the order they happened, so a step can be walked through module by module.
+
+Installed only for a traced step and removed after it (nothing is hooked when trace mode is
+off). Forward hooks record each module's output norm and max |x|; tensor hooks registered on
+module outputs and inputs (not ``register_full_backward_hook``, which breaks on in-place
+ReLU) see the gradient arriving at the output and the gradient leaving to the inputs; hooks
+after gradient accumulation record each parameter's gradient. All statistics stay on the
+device until the step ends, then cross to the host in one transfer.
+
+Modules that return the same tensor (a container and its last child) share one gradient:
+their backward events come in the reverse of their forward order, so for a plain
+``nn.Sequential`` the backward events are exactly the forward events reversed. A module's
+input gradient is the gradient of that input tensor as a whole (accumulated over every
+consumer of the tensor, e.g. a skip connection's two branches).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+FORWARD, BACKWARD = "forward", "backward"
+
+
+@dataclass
+class TraceEvent:
+    """One event of a traced step. ``out_norm``: norm of the module's output (forward) or of
+    the gradient arriving at its output (backward); ``in_norm``: norm of the gradient leaving
+    to its inputs (backward; None when no input needs a gradient); ``param_norms``: the
+    module's own parameter gradients once accumulated (backward)."""
+
+    step: int
+    phase: str
+    order: int
+    module: str
+    out_norm: float = math.nan
+    max_abs: float | None = None
+    in_norm: float | None = None
+    nonfinite: bool = False
+    param_norms: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _float_tensors(value: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(value)
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _norm(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32)
+
+
+class _Pending:
+    """Device-side statistics of one event, resolved into floats when the step ends."""
+
+    __slots__ = ("event", "in_parts", "max_abs", "out", "params")
+
+    def __init__(self, event: TraceEvent) -> None:
+        self.event = event
+        self.out: torch.Tensor | None = None
+        self.max_abs: torch.Tensor | None = None
+        self.in_parts: list[torch.Tensor] = []
+        self.params: dict[str, torch.Tensor] = {}
+
+
+class StepTrace:
+    """Collects the events of one step; use :func:`trace_step`."""
+
+    def __init__(self, model: nn.Module, step: int) -> None:
+        self.model = model
+        self.step = step
+        self._pending: list[_Pending] = []
+        self._order = 0
+        # gradient key (the output's grad_fn, or the tensor for leaves) -> modules whose
+        # output it is, in forward order; and -> backward events waiting for an input grad
+        self._output_of: dict[Any, list[str]] = {}
+        self._input_of: dict[Any, list[str]] = {}
+        self._hooked: set[Any] = set()
+        self._backward_event: dict[str, _Pending] = {}
+        self._param_owner: dict[int, tuple[str, str]] = {}
+        self._handles: list[Any] = []
+        self._keepalive: list[Any] = []
+        self.events: list[TraceEvent] = []
+
+    def _next(self, phase: str, module: str) -> _Pending:
+        pending = _Pending(TraceEvent(self.step, phase, self._order, module))
+        self._order += 1
+        self._pending.append(pending)
+        return pending
+
+    # -- forward -----------------------------------------------------------------------
+    def install(self) -> None:
+        for name, module in self.model.named_modules():
+            self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+            for local, param in module.named_parameters(recurse=False):
+                if param.requires_grad and id(param) not in self._param_owner:
+                    self._param_owner[id(param)] = (name, local)
+                    self._handles.append(
+                        param.register_post_accumulate_grad_hook(self._param_hook(name, local))
+                    )
+
+    def _forward_hook(self, name: str):
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            outputs = _float_tensors(output)
+            pending = self._next(FORWARD, name)
+            if outputs:
+                norms = torch.stack([_norm(t) for t in outputs])
+                pending.out = torch.linalg.vector_norm(norms)
+                pending.max_abs = (
+                    torch.stack(
+                        [t.detach().abs().amax().float() for t in outputs if t.numel()]
+                    ).amax()
+                    if any(t.numel() for t in outputs)
+                    else None
+                )
+            grad_outputs = [t for t in outputs if t.requires_grad]
+            if grad_outputs:
+                self._watch(grad_outputs[0], name, self._output_of)
+            for tensor in _float_tensors(args):
+                if tensor.requires_grad:
+                    self._watch(tensor, name, self._input_of)
+
+        return hook
+
+    def _watch(self, tensor: torch.Tensor, name: str, table: dict[Any, list[str]]) -> None:
+        key = tensor.grad_fn if tensor.grad_fn is not None else tensor
+        table.setdefault(key, []).append(name)
+        if key in self._hooked:
+            return
+        self._hooked.add(key)
+        self._keepalive.append(key)
+        self._handles.append(tensor.register_hook(self._grad_hook(key)))
+
+    # -- backward ----------------------------------------------------------------------
+    def _grad_hook(self, key: Any):
+        def hook(grad: torch.Tensor) -> None:
+            norm = _norm(grad)
+            # the gradient leaving a module to this tensor: its input gradient
+            for name in self._input_of.get(key, ()):
+                event = self._backward_event.get(name)
+                if event is not None:
+                    event.in_parts.append(norm)
+            # the gradient arriving at the modules whose output this is, outermost first
+            for name in reversed(self._output_of.get(key, ())):
+                pending = self._next(BACKWARD, name)
+                pending.out = norm
+                self._backward_event[name] = pending
+
+        return hook
+
+    def _param_hook(self, module: str, local: str):
+        def hook(param: torch.Tensor) -> None:
+            event = self._backward_event.get(module)
+            if event is None:
+                event = self._next(BACKWARD, module)
+                self._backward_event[module] = event
+            if param.grad is not None:
+                event.params[local] = _norm(param.grad)
+
+        return hook
+
+    # -- end of step -------------------------------------------------------------------
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._keepalive.clear()
+
+    def resolve(self) -> list[TraceEvent]:
+        """Turn the device-side statistics into floats with one transfer."""
+        pieces: list[torch.Tensor] = []
+        layout: list[tuple[_Pending, str, str | None]] = []
+        for pending in self._pending:
+            if pending.out is not None:
+                pieces.append(pending.out.reshape(1))
+                layout.append((pending, "out", None))
+            if pending.max_abs is not None:
+                pieces.append(pending.max_abs.reshape(1))
+                layout.append((pending, "max", None))
+            if pending.in_parts:
+                pieces.append(torch.linalg.vector_norm(torch.stack(pending.in_parts)).reshape(1))
+                layout.append((pending, "in", None))
+            for local, value in pending.params.items():
+                pieces.append(value.reshape(1))
+                layout.append((pending, "param", local))
+        values = torch.cat([p.float().cpu() for p in pieces]).tolist() if pieces else []
+        for (pending, what, local), value in zip(layout, values, strict=True):
+            event = pending.event
+            if what == "out":
+                event.out_norm = value
+            elif what == "max":
+                event.max_abs = value
+            elif what == "in":
+                event.in_norm = value
+            else:
+                event.param_norms[local] = value
+        for pending in self._pending:
+            event = pending.event
+            numbers = [event.out_norm, *(event.param_norms.values())]
+            if event.in_norm is not None:
+                numbers.append(event.in_norm)
+            event.nonfinite = any(not math.isfinite(v) for v in numbers if v is not None)
+        self.events = [p.event for p in self._pending]
+        self._pending.clear()
+        return self.events
+
+
+@contextmanager
+def trace_step(model: nn.Module, step: int = 0) -> Iterator[StepTrace]:
+    """Trace the forward and backward run inside the ``with`` block; afterwards
+    ``trace.events`` holds the ordered events (resolved on exit)."""
+    trace = StepTrace(model, step)
+    trace.install()
+    try:
+        yield trace
+    finally:
+        trace.remove()
+    trace.resolve()

@@ -1,0 +1,101 @@
+"""Start the app: ``gradscope [MODEL] [--steps N] [--screenshot PATH.png] [run options]``.
+
+With ``--screenshot`` the window opens, runs N steps (or until the run pauses itself, e.g.
+at a NaN/Inf, which then shows on screen), saves a picture of the whole window and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ORGANIZATION = "GradScope"
+APPLICATION = "GradScope"
+DEFAULT_SIZE = (1440, 900)
+DEFAULT_SAMPLE = Path(__file__).resolve().parents[2] / "sample_models" / "seed_explosion.py"
+SCREENSHOT_TIMEOUT_S = 600
+
+
+def _window_size() -> tuple[int, int]:
+    """``GRADSCOPE_WINDOW_SIZE=1280x800`` sets the window size (screenshots at set sizes)."""
+    text = os.environ.get("GRADSCOPE_WINDOW_SIZE", "")
+    try:
+        width, height = (int(part) for part in text.lower().split("x"))
+        return max(width, 400), max(height, 300)
+    except ValueError:
+        return DEFAULT_SIZE
+
+
+def make_application(argv: list[str] | None = None) -> Any:
+    """The QApplication (made once), with the app's names, style and plot look."""
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    if app is None:
+        app = QApplication(argv if argv is not None else [sys.argv[0]])
+    app.setOrganizationName(ORGANIZATION)
+    app.setApplicationName(APPLICATION)
+    app.setStyle("Fusion")
+    configure_plots()
+    return app
+
+
+def configure_plots() -> None:
+    import pyqtgraph as pg
+
+    pg.setConfigOptions(background="w", foreground="#333", antialias=True,
+                        imageAxisOrder="col-major")
+
+
+def default_model(preferences: Any) -> str | None:
+    last = preferences.value("model/last", "")
+    if last and (not str(last).endswith(".py") or Path(str(last)).exists()):
+        return str(last)
+    return str(DEFAULT_SAMPLE) if DEFAULT_SAMPLE.exists() else None
+
+
+def launch(model: str | None, overrides: dict[str, Any], weights: str | None = None,
+           screenshot: str | None = None) -> int:
+    from PySide6.QtCore import QSettings, QTimer
+
+    from gradscope.gui.main_window import MainWindow
+
+    app = make_application()
+    preferences = QSettings()
+    window = MainWindow(preferences, persist=screenshot is None)
+    if screenshot is None:
+        if not window.restore_geometry():
+            window.resize(*_window_size())
+    else:
+        window.resize(*_window_size())
+    window.show()
+    source = model or default_model(preferences)
+    exit_code = {"value": 0}
+
+    if screenshot is not None:
+        def save_and_quit() -> None:
+            window.save_screenshot(screenshot)
+            window.close()
+            app.quit()
+
+        def on_paused(_payload: object) -> None:
+            QTimer.singleShot(300, save_and_quit)
+
+        def on_error(payload: Any) -> None:
+            if payload.stage == "load":
+                exit_code["value"] = 2
+                QTimer.singleShot(300, save_and_quit)
+
+        window.run_paused.connect(on_paused)
+        window.error_shown.connect(on_error)
+        QTimer.singleShot(SCREENSHOT_TIMEOUT_S * 1000, save_and_quit)
+        if source is None:
+            QTimer.singleShot(300, save_and_quit)
+
+    if source is not None:
+        window.open_model(source, overrides, weights, run_after_load=screenshot is not None)
+    app.exec()
+    window.run_thread.shutdown()
+    return exit_code["value"]

@@ -1,0 +1,146 @@
+"""The events list: exploding/vanishing onsets and the first NaN/Inf origin, as the engine's
+RunHistory recorded them. Clicking one selects its layer and step everywhere."""
+
+from __future__ import annotations
+
+import os
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHeaderView,
+    QLabel,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from gradscope.core.history import Event
+from gradscope.core.origin import Origin
+from gradscope.core.watch import STATUS_EXPLODING, STATUS_NONFINITE, STATUS_VANISHING
+from gradscope.gui.selection import Selection
+from gradscope.gui.status_style import ORIGIN_TINT, origin_icon, status_icon
+
+_KIND_STATUS = {
+    "exploding": STATUS_EXPLODING,
+    "vanishing": STATUS_VANISHING,
+    "nonfinite": STATUS_NONFINITE,
+}
+_KIND_LABEL = {"nonfinite": "NaN/Inf", "origin": "NaN/Inf origin"}
+_LAYER_ROLE = Qt.ItemDataRole.UserRole + 1
+_STEP_ROLE = Qt.ItemDataRole.UserRole + 2
+
+
+def origin_html(origin: Origin) -> str:
+    """The origin's fields for the banner above the list."""
+    where = ("outside the model (loss code)" if origin.module is None
+             else f"<b>{origin.module or '(model root)'}</b>")
+    parts = [
+        f"<span style='color:#b00000;font-weight:bold'>First {origin.kind.upper()} at step "
+        f"{origin.step}</span> in the {origin.phase} pass",
+        f"module {where}, tensor <b>{origin.tensor}</b>",
+    ]
+    if origin.op:
+        parts.append(f"operation <code>{origin.op}</code>")
+    if origin.file:
+        code = f": <code>{origin.code.strip()}</code>" if origin.code else ""
+        parts.append(f"{os.path.basename(origin.file)}:{origin.line}{code}")
+    hint = origin.details.get("hint") if isinstance(origin.details, dict) else None
+    if hint:
+        parts.append(f"<i>{hint}</i>")
+    return "<br>".join(parts)
+
+
+class EventsPanel(QWidget):
+    selection_made = Signal(object)  # Selection
+
+    def __init__(self) -> None:
+        super().__init__()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        self.banner = QLabel()
+        self.banner.setWordWrap(True)
+        self.banner.setTextFormat(Qt.TextFormat.RichText)
+        self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.banner.setStyleSheet(
+            "QLabel { background: #fdeeee; border: 1px solid #e3a0a0; "
+            "border-radius: 3px; padding: 4px; }")
+        self.banner.setVisible(False)
+        layout.addWidget(self.banner)
+        self.table = QTableWidget(0, 4)
+        self.table.setHorizontalHeaderLabels(["Step", "Event", "Layer", "Details"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setWordWrap(False)
+        self.table.setAlternatingRowColors(True)
+        header = self.table.horizontalHeader()
+        for column in range(3):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.placeholder = QLabel("No events yet: onsets of exploding or vanishing gradients "
+                                  "and the first NaN/Inf will be listed here.")
+        self.placeholder.setWordWrap(True)
+        self.placeholder.setStyleSheet("color: #777; padding: 6px;")
+        layout.addWidget(self.placeholder)
+        layout.addWidget(self.table, 1)
+        self.table.cellClicked.connect(self._on_table_cell_clicked)
+        self.table.cellActivated.connect(self._on_table_cell_clicked)
+        self._shown = 0
+
+    def clear(self) -> None:
+        self.table.setRowCount(0)
+        self._shown = 0
+        self.banner.setVisible(False)
+        self.placeholder.setVisible(True)
+
+    def update_events(self, events: list[Event], origin: Origin | None) -> None:
+        """Add the events not shown yet; the origin goes to the top and the banner."""
+        if origin is not None and not self.banner.isVisible():
+            self.banner.setText(origin_html(origin))
+            self.banner.setVisible(True)
+        new = events[self._shown:]
+        if not new:
+            return
+        self.placeholder.setVisible(False)
+        for event in new:
+            row = 0 if event.kind == "origin" else self.table.rowCount()
+            self.table.insertRow(row)
+            self._fill_row(row, event)
+        self._shown = len(events)
+
+    def _fill_row(self, row: int, event: Event) -> None:
+        step = QTableWidgetItem(str(event.step))
+        step.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        kind = QTableWidgetItem(_KIND_LABEL.get(event.kind, event.kind))
+        if event.kind == "origin":
+            kind.setIcon(origin_icon())
+        elif event.kind in _KIND_STATUS:
+            kind.setIcon(status_icon(_KIND_STATUS[event.kind]))
+        layer = QTableWidgetItem("(outside the model)" if event.layer is None
+                                 else event.layer or "(model)")
+        details = QTableWidgetItem(event.message)
+        details.setToolTip(event.message)
+        items = (step, kind, layer, details)
+        for column, item in enumerate(items):
+            item.setData(_LAYER_ROLE, event.layer)
+            item.setData(_STEP_ROLE, event.step)
+            if event.kind == "origin":
+                font = QFont()
+                font.setBold(True)
+                item.setFont(font)
+                item.setBackground(QBrush(QColor(ORIGIN_TINT)))
+            self.table.setItem(row, column, item)
+
+    def row_count(self) -> int:
+        return self.table.rowCount()
+
+    def _on_table_cell_clicked(self, row: int, column: int) -> None:
+        item = self.table.item(row, column)
+        if item is None:
+            return
+        self.selection_made.emit(Selection(item.data(_LAYER_ROLE), item.data(_STEP_ROLE)))

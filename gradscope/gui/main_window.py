@@ -1,0 +1,780 @@
+"""The main window: menus, toolbar, docks (layers, run settings, events), the plots and the
+status bar. It owns the run thread and the GUI-side RunHistory, and only displays what the
+engine measured."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal, Slot
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QKeySequence,
+    QShowEvent,
+)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMainWindow,
+    QMenu,
+    QStyle,
+    QTabWidget,
+    QToolBar,
+    QTreeView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
+from gradscope.core.settings import SETTING_NAMES, RunSettings
+from gradscope.gui.dialogs import ErrorDialog, TorchvisionDialog, show_about
+from gradscope.gui.events_panel import EventsPanel
+from gradscope.gui.module_tree_model import (
+    GRAD_NORM,
+    NAME,
+    NAME_ROLE,
+    PARAMS,
+    STATUS,
+    TYPE,
+    ModuleFilterModel,
+    ModuleTreeModel,
+)
+from gradscope.gui.plots import PlotPanel, PlotView, layer_color
+from gradscope.gui.selection import Selection
+from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
+from gradscope.gui.status_style import STATUS_COLORS, format_value
+from gradscope.gui.worker import (
+    LoadRequest,
+    ModelLoaded,
+    RunFailed,
+    RunPaused,
+    RunThread,
+    StepsFinished,
+    WatchChanged,
+)
+
+REFRESH_INTERVAL_MS = 33  # about 30 Hz: plots never redraw faster than this
+RECENT_LIMIT = 10
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "sample_models"
+_STATE_TEXT = {
+    "empty": ("No model", "#666"),
+    "loading": ("Loading…", "#666"),
+    "ready": ("Ready", "#2c7a2c"),
+    "running": ("Running", "#1f5fb4"),
+    "paused": ("Paused", "#a05a00"),
+    "halted": ("Paused at NaN/Inf", "#c00000"),
+    "done": ("Finished", "#2c7a2c"),
+    "stopped": ("Stopped", "#666"),
+    "failed": ("Error", "#c00000"),
+}
+
+
+class MainWindow(QMainWindow):
+    # Emitted after the window has taken each worker event into account (tests wait on these).
+    model_loaded = Signal(object)  # ModelLoaded
+    run_paused = Signal(object)  # RunPaused
+    error_shown = Signal(object)  # RunFailed
+
+    def __init__(self, preferences: QSettings | None = None, *, persist: bool = True) -> None:
+        super().__init__()
+        self.preferences = preferences if preferences is not None else QSettings()
+        self.persist = persist
+        self.setWindowTitle("GradScope")
+        self.setAcceptDrops(True)
+        self.history = RunHistory()
+        self.source: str | None = None
+        self.weights: str | None = None
+        self.loaded: ModelLoaded | None = None
+        self.state = "empty"
+        self.selected_layer: str | None = None
+        self.selected_step: int | None = None  # None: follow the latest step
+        self.error_dialog: ErrorDialog | None = None
+        self._dirty = False
+        self._origin_shown = False
+        self._run_after_load = False
+        self._loaded_settings: RunSettings | None = None
+        self._rate: deque[tuple[float, int]] = deque(maxlen=64)
+        self._syncing_tree = False
+        self._colors: dict[str, Any] = {}
+        self._layer_order: list[str] = []
+        self._layout_done = False
+        self._state_restored = False
+
+        self.run_thread = RunThread(self)
+        worker = self.run_thread.worker
+        worker.model_loaded.connect(self._on_worker_model_loaded)
+        worker.steps_finished.connect(self._on_worker_steps_finished)
+        worker.run_paused.connect(self._on_worker_run_paused)
+        worker.run_failed.connect(self._on_worker_run_failed)
+        worker.watch_changed.connect(self._on_worker_watch_changed)
+
+        self._build_central()
+        self._build_docks()
+        self._build_actions()
+        self._build_menus()
+        self._build_toolbar()
+        self._build_status_bar()
+        self._update_actions()
+
+        self.refresh_timer = QTimer(self)
+        self.refresh_timer.setInterval(REFRESH_INTERVAL_MS)
+        self.refresh_timer.timeout.connect(self._on_refresh_timer_timeout)
+        self.refresh_timer.start()
+
+    # -- construction --------------------------------------------------------------------
+    def _build_central(self) -> None:
+        self.plots = PlotPanel()
+        self.plots.selection_made.connect(self._on_view_selection_made)
+        self.setCentralWidget(self.plots)
+
+    def _build_docks(self) -> None:
+        self.tree_model = ModuleTreeModel(self)
+        self.tree_model.watched_layers_edited.connect(self._on_tree_model_watched_layers_edited)
+        self.tree_proxy = ModuleFilterModel(self)
+        self.tree_proxy.setSourceModel(self.tree_model)
+        self.tree_view = QTreeView()
+        self.tree_view.setModel(self.tree_proxy)
+        self.tree_view.setUniformRowHeights(True)
+        self.tree_view.setAlternatingRowColors(True)
+        self.tree_view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.tree_view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        header = self.tree_view.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(40)
+        for column, width in ((TYPE, 80), (PARAMS, 58), (GRAD_NORM, 74), (STATUS, 84)):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Interactive)
+            header.resizeSection(column, width)
+        self.tree_view.setIndentation(14)
+        self.tree_view.selectionModel().currentRowChanged.connect(
+            self._on_tree_view_current_row_changed)
+        self.filter_edit = QLineEdit()
+        self.filter_edit.setPlaceholderText("Filter by name or type (e.g. conv, Linear, layer1)")
+        self.filter_edit.setClearButtonEnabled(True)
+        self.filter_edit.textChanged.connect(self._on_filter_edit_text_changed)
+        layers = QWidget()
+        layout = QVBoxLayout(layers)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.filter_edit)
+        layout.addWidget(self.tree_view, 1)
+        hint = QLabel("Tick the layers to watch; red rows: NaN/Inf, orange: exploding, "
+                      "blue: vanishing.")
+        hint.setWordWrap(True)
+        hint.setStyleSheet("color: #666;")
+        layout.addWidget(hint)
+
+        self.settings_panel = SettingsPanel(cuda_devices())
+        self.settings_panel.settings_edited.connect(self._on_settings_panel_settings_edited)
+        self.events_panel = EventsPanel()
+        self.events_panel.selection_made.connect(self._on_view_selection_made)
+
+        self.layers_dock = self._dock("Layers", "layers", layers)
+        self.settings_dock = self._dock("Run settings", "settings", self.settings_panel)
+        self.events_dock = self._dock("Events", "events", self.events_panel)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.layers_dock)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.events_dock)
+        self.tabifyDockWidget(self.layers_dock, self.settings_dock)
+        self.setTabPosition(Qt.DockWidgetArea.LeftDockWidgetArea, QTabWidget.TabPosition.North)
+        self.layers_dock.raise_()
+        self.resizeDocks([self.layers_dock, self.events_dock], [560, 240],
+                         Qt.Orientation.Vertical)
+
+    def _dock(self, title: str, name: str, widget: QWidget) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(f"{name}_dock")
+        dock.setWidget(widget)
+        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
+                         | QDockWidget.DockWidgetFeature.DockWidgetClosable
+                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        return dock
+
+    def _action(self, text: str, slot: Any, shortcut: Any = None,
+                icon: QStyle.StandardPixmap | None = None, tip: str = "") -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        if icon is not None:
+            action.setIcon(self.style().standardIcon(icon))
+        if tip:
+            action.setStatusTip(tip)
+            action.setToolTip(f"{tip} ({action.shortcut().toString()})"
+                              if shortcut is not None else tip)
+        action.triggered.connect(slot)
+        return action
+
+    def _build_actions(self) -> None:
+        sp = QStyle.StandardPixmap
+        self.open_action = self._action("&Open model script…", self._on_open_action_triggered,
+                                        QKeySequence.StandardKey.Open, sp.SP_DialogOpenButton,
+                                        "Open a .py model script")
+        self.open_torchvision_action = self._action(
+            "Open &torchvision model…", self._on_open_torchvision_action_triggered,
+            "Ctrl+Shift+O", sp.SP_ComputerIcon, "Open a torchvision classification model")
+        self.export_png_action = self._action(
+            "Export plots as &PNG…", self._on_export_png_action_triggered, "Ctrl+E")
+        self.export_csv_action = self._action(
+            "Export gradient norms as &CSV…", self._on_export_csv_action_triggered,
+            "Ctrl+Shift+E")
+        self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.run_action = self._action("&Run", self.run, "F5", sp.SP_MediaPlay,
+                                       "Run or continue up to the steps setting")
+        self.pause_action = self._action("&Pause", self.pause, "F6", sp.SP_MediaPause,
+                                         "Pause after the current step")
+        self.step_action = self._action("&Step", self.step, "F10", sp.SP_MediaSkipForward,
+                                        "One forward/backward/optimizer step")
+        self.stop_action = self._action("S&top", self.stop, "Shift+F5", sp.SP_MediaStop,
+                                        "Stop the run (the next Run starts afresh)")
+        self.restart_action = self._action("R&estart", self.restart, "Ctrl+Shift+F5",
+                                           sp.SP_BrowserReload,
+                                           "Reload the model and start a new run")
+        self.follow_action = self._action("&Follow latest step", self.follow_latest, "End")
+        self.reset_zoom_action = self._action("&Reset plot zoom", self.plots.auto_range,
+                                              "Ctrl+0")
+        self.expand_action = self._action("&Expand module tree", self.tree_view.expandAll)
+        self.collapse_action = self._action("&Collapse module tree", self._collapse_tree)
+        self.about_action = self._action("&About GradScope", lambda: show_about(self), "F1")
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        file_menu.addAction(self.open_action)
+        file_menu.addAction(self.open_torchvision_action)
+        self.samples_menu = file_menu.addMenu("Open &sample")
+        self.samples_menu.aboutToShow.connect(self._fill_samples_menu)
+        self._fill_samples_menu()
+        self.recent_menu = file_menu.addMenu("&Recent")
+        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        self._fill_recent_menu()
+        file_menu.addSeparator()
+        file_menu.addAction(self.export_png_action)
+        file_menu.addAction(self.export_csv_action)
+        file_menu.addSeparator()
+        file_menu.addAction(self.quit_action)
+        run_menu = bar.addMenu("&Run")
+        for action in (self.run_action, self.pause_action, self.step_action, self.stop_action):
+            run_menu.addAction(action)
+        run_menu.addSeparator()
+        run_menu.addAction(self.restart_action)
+        view_menu = bar.addMenu("&View")
+        for dock in (self.layers_dock, self.settings_dock, self.events_dock):
+            view_menu.addAction(dock.toggleViewAction())
+        view_menu.addSeparator()
+        view_menu.addAction(self.follow_action)
+        view_menu.addAction(self.reset_zoom_action)
+        view_menu.addAction(self.expand_action)
+        view_menu.addAction(self.collapse_action)
+        help_menu = bar.addMenu("&Help")
+        help_menu.addAction(self.about_action)
+
+    def _build_toolbar(self) -> None:
+        toolbar = QToolBar("Run")
+        toolbar.setObjectName("run_toolbar")
+        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        toolbar.setMovable(False)
+        toolbar.addAction(self.open_action)
+        toolbar.addSeparator()
+        for action in (self.run_action, self.pause_action, self.step_action, self.stop_action,
+                       self.restart_action):
+            toolbar.addAction(action)
+        toolbar.addSeparator()
+        self.model_label = QLabel("")
+        self.model_label.setStyleSheet("padding: 0 8px; font-weight: bold;")
+        toolbar.addWidget(self.model_label)
+        self.addToolBar(toolbar)
+        self.toolbar = toolbar
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.state_label = QLabel()
+        self.device_label = QLabel("device: -")
+        self.step_label = QLabel("step: -")
+        self.rate_label = QLabel("steps/s: -")
+        self.loss_label = QLabel("loss: -")
+        for label in (self.state_label, self.device_label, self.step_label, self.rate_label,
+                      self.loss_label):
+            label.setStyleSheet("padding: 0 8px;")
+            bar.addPermanentWidget(label)
+        self._set_state("empty")
+
+    # -- public commands -----------------------------------------------------------------
+    def open_model(self, source: str, overrides: dict[str, Any] | None = None,
+                   weights: str | None = None, *, run_after_load: bool = False) -> None:
+        """Load ``source`` (a .py path or torchvision name) in the run thread."""
+        self.source = source
+        self.weights = weights
+        merged = dict(self._persisted_overrides(source)) if self.persist else {}
+        merged.update(overrides or {})
+        self._run_after_load = run_after_load
+        self._set_state("loading")
+        self.model_label.setText(Path(source).name if source.endswith(".py") else source)
+        self.run_thread.load(LoadRequest(source, merged, weights))
+
+    def run(self) -> None:
+        if self.state in ("empty", "loading", "running") or self.source is None:
+            return
+        if self.state in ("stopped", "failed"):
+            self.restart(run_after_load=True)
+            return
+        settings = self.settings_panel.settings()
+        remaining = settings.steps - self.history.count
+        if remaining <= 0:
+            remaining = max(settings.steps, 1)
+        self.selected_step = None
+        if self.run_thread.run(remaining):
+            self._set_state("running")
+
+    def step(self) -> None:
+        if self.state in ("empty", "loading", "running", "stopped", "failed"):
+            return
+        if self.run_thread.run(1):
+            self.selected_step = None
+            self._set_state("running")
+
+    def pause(self) -> None:
+        if self.state == "running":
+            self.run_thread.pause()
+
+    def stop(self) -> None:
+        if self.state == "running":
+            self.run_thread.stop()
+        elif self.state in ("ready", "paused", "halted", "done"):
+            self._set_state("stopped")
+
+    def restart(self, run_after_load: bool = False) -> None:
+        if self.source is None or self.state == "loading":
+            return
+        overrides = self.settings_panel.settings().to_dict()
+        overrides["layers"] = self.tree_model.watched_layers() if self.tree_model.tree else None
+        self.open_model(self.source, overrides, self.weights, run_after_load=run_after_load)
+
+    def follow_latest(self) -> None:
+        self.selected_step = None
+        self._dirty = True
+
+    def select(self, layer: str | None = None, step: int | None = None) -> None:
+        """Show ``layer`` and/or ``step`` in every view (None keeps the current one)."""
+        if layer is not None:
+            self.selected_layer = layer
+            self._select_tree_row(layer)
+        if step is not None:
+            self.selected_step = step
+        self.plots.show_selection(self.selected_layer, self._shown_step())
+        self._dirty = True
+
+    # -- exports -------------------------------------------------------------------------
+    def export_png(self, path: str) -> bool:
+        return self.plots.grab().save(path)
+
+    def export_csv(self, path: str) -> None:
+        """Gradient norm per layer and step as the engine measured it (empty: not watched)."""
+        history = self.history
+        names = [n for n in self._layer_order if history.has_layer(n)] or history.layer_names
+        with open(path, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["step", "loss", *[n or "(model)" for n in names]])
+            columns = [history.column(n) for n in names]
+            matrix = history.matrix("grad_norm")[:, columns]
+            for row in range(history.count):
+                values = ["" if v == MISSING else repr(float(v)) for v in matrix[row]]
+                writer.writerow([int(history.steps[row]), repr(float(history.losses[row])),
+                                 *values])
+
+    def save_screenshot(self, path: str) -> bool:
+        self._refresh()
+        # Plots settle their auto-range on the first paint; grab after it.
+        for _ in range(3):
+            QApplication.processEvents()
+            self.grab()
+        return self.grab().save(path)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        if not self._layout_done:
+            self._layout_done = True
+            if not self._state_restored:
+                width = max(380, min(540, int(self.width() * 0.35)))
+                self.resizeDocks([self.layers_dock], [width], Qt.Orientation.Horizontal)
+                self.resizeDocks([self.layers_dock, self.events_dock],
+                                 [int(self.height() * 0.58), int(self.height() * 0.3)],
+                                 Qt.Orientation.Vertical)
+
+    # -- worker events -------------------------------------------------------------------
+    @Slot(object)
+    def _on_worker_model_loaded(self, payload: ModelLoaded) -> None:
+        self.run_thread.mark_idle()
+        self.loaded = payload
+        self.history = RunHistory()
+        self._rate.clear()
+        self._origin_shown = False
+        self.selected_step = None
+        self.plots.clear()
+        self.events_panel.clear()
+        watched = [layer.name for layer in payload.layers]
+        self.tree_model.set_tree(payload.tree, watched)
+        watched_set = set(watched)
+        self._layer_order = [node.name for node in payload.tree
+                             if node.own_params > 0 or node.name in watched_set]
+        self._colors = {name: layer_color(i) for i, name in enumerate(self._layer_order)}
+        self.tree_view.expandToDepth(1 if len(payload.tree) > 40 else 3)
+        self.selected_layer = None
+        self._loaded_settings = payload.settings
+        self.settings_panel.set_settings(payload.settings, running=payload.settings)
+        self.settings_panel.set_layers(payload.settings.layers)
+        self.setWindowTitle(f"GradScope — {payload.display_name}")
+        self.model_label.setText(payload.display_name)
+        self.device_label.setText(f"device: {payload.device}")
+        if self.persist:
+            self._remember_model(payload.source)
+        self._set_state("ready")
+        self._dirty = True
+        self._refresh()
+        self.model_loaded.emit(payload)
+        if self._run_after_load:
+            self._run_after_load = False
+            self.run()
+
+    @Slot(object)
+    def _on_worker_steps_finished(self, payload: StepsFinished) -> None:
+        if self.loaded is None:
+            return
+        for record in payload.records:
+            result = record.result
+            self.history.append(result.step, result.loss, result.stats, record.layer_names,
+                                record.layer_types, record.layer_params, origin=result.origin)
+        self._rate.append((time.perf_counter(), self.history.count))
+        self._dirty = True
+
+    @Slot(object)
+    def _on_worker_run_paused(self, payload: RunPaused) -> None:
+        self.run_thread.mark_idle()
+        if self.loaded is None:
+            return
+        state = {"nonfinite": "halted", "stopped": "stopped", "failed": "paused",
+                 "completed": "done"}.get(
+            payload.reason, "paused")
+        if self.state == "failed":
+            state = "failed"
+        self._set_state(state)
+        self._rate.clear()
+        self._dirty = True
+        self._refresh()
+        if payload.reason == "nonfinite":
+            self._show_origin(force=True)
+        self.run_paused.emit(payload)
+
+    @Slot(object)
+    def _on_worker_run_failed(self, payload: RunFailed) -> None:
+        if payload.stage == "load":
+            self.run_thread.mark_idle()
+            self._run_after_load = False
+            self.loaded = None
+            self._set_state("failed")
+        title = {"load": "The model could not be loaded", "step": "The step failed",
+                 "settings": "The settings could not be applied"}.get(payload.stage, "Error")
+        if self.error_dialog is not None:
+            self.error_dialog.close()
+        self.error_dialog = ErrorDialog(self, title, payload.message, payload.details)
+        self.error_dialog.open()
+        self.statusBar().showMessage(payload.message, 15000)
+        self.error_shown.emit(payload)
+
+    @Slot(object)
+    def _on_worker_watch_changed(self, payload: WatchChanged) -> None:
+        self.tree_model.set_watched([layer.name for layer in payload.layers])
+        self._dirty = True
+
+    # -- view events ---------------------------------------------------------------------
+    @Slot(object)
+    def _on_view_selection_made(self, selection: Selection) -> None:
+        self.select(selection.layer, selection.step)
+
+    def _on_tree_view_current_row_changed(self, current: Any, _previous: Any) -> None:
+        if self._syncing_tree or not current.isValid():
+            return
+        name = current.data(NAME_ROLE)
+        if name is not None:
+            self.selected_layer = name
+            self.plots.show_selection(name, self._shown_step())
+
+    def _on_tree_model_watched_layers_edited(self, names: list[str]) -> None:
+        self.settings_panel.set_layers(names)
+        self.run_thread.queue_settings(self.settings_panel.settings())
+        self._dirty = True
+
+    def _on_settings_panel_settings_edited(self, settings: RunSettings) -> None:
+        if self.loaded is not None:
+            self.run_thread.queue_settings(settings)
+        if self.persist and self.source and self._loaded_settings is not None:
+            self._persist_overrides(self.source, settings)
+        self._dirty = True
+
+    def _on_filter_edit_text_changed(self, text: str) -> None:
+        self.tree_proxy.set_filter_text(text)
+        if text:
+            self.tree_view.expandAll()
+
+    def _on_refresh_timer_timeout(self) -> None:
+        if self._dirty:
+            self._refresh()
+
+    def _on_open_action_triggered(self) -> None:
+        start = str(Path(self.source).parent) if self.source and self.source.endswith(".py") \
+            else str(SAMPLE_DIR)
+        path, _ = QFileDialog.getOpenFileName(self, "Open model script", start,
+                                              "Model scripts (*.py)")
+        if path:
+            self.open_model(path)
+
+    def _on_open_torchvision_action_triggered(self) -> None:
+        from gradscope.core.loading import torchvision_model_names
+
+        dialog = TorchvisionDialog(self, torchvision_model_names())
+        if dialog.exec() and dialog.selected_name():
+            self.open_model(dialog.selected_name() or "")
+
+    def _on_export_png_action_triggered(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export plots as PNG", "gradscope.png",
+                                              "PNG images (*.png)")
+        if path:
+            self.export_png(path)
+
+    def _on_export_csv_action_triggered(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export gradient norms as CSV",
+                                              "gradient_norms.csv", "CSV files (*.csv)")
+        if path:
+            self.export_csv(path)
+
+    # -- drawing -------------------------------------------------------------------------
+    def _shown_step(self) -> int | None:
+        if self.selected_step is not None:
+            return self.selected_step
+        return int(self.history.steps[-1]) if self.history.count else None
+
+    def _refresh(self) -> None:
+        self._dirty = False
+        history = self.history
+        settings = self.settings_panel.settings()
+        step = self._shown_step()
+        view = PlotView(
+            history=history,
+            order=self._layer_order,
+            visible=set(self.tree_model.watched_layers()),
+            selected_layer=self.selected_layer,
+            selected_step=step,
+            explode_threshold=settings.explode_threshold,
+            vanish_threshold=settings.vanish_threshold,
+            colors=self._colors,
+        )
+        self.plots.refresh(view)
+        self._refresh_tree_values(step)
+        self.events_panel.update_events(history.events, history.first_nonfinite)
+        self._show_origin()
+        self._refresh_status_bar()
+
+    def _refresh_tree_values(self, step: int | None) -> None:
+        history = self.history
+        row = history.row_of_step(step) if step is not None else None
+        norms: dict[str, float] = {}
+        statuses: dict[str, int] = {}
+        if row is not None and history.layer_names:
+            values = history.matrix("grad_norm")[row]
+            status = history.status_matrix()[row]
+            for name, value, flag in zip(history.layer_names, values.tolist(), status.tolist(),
+                                         strict=True):
+                if flag != STATUS_MISSING:
+                    norms[name] = value
+                    statuses[name] = flag
+        self.tree_model.set_step_values(norms, statuses)
+
+    def _show_origin(self, force: bool = False) -> None:
+        origin = self.history.first_nonfinite
+        if origin is None or (self._origin_shown and not force):
+            return
+        module = origin.module
+        if self.tree_model.origin != module:
+            self.tree_model.set_origin(module, origin.describe(), origin.kind)
+        if not self._origin_shown or force:
+            self._origin_shown = True
+            self.selected_step = origin.step
+            if module is not None:
+                self.selected_layer = module
+                self._select_tree_row(module)
+            self.plots.show_selection(self.selected_layer, origin.step)
+            self._dirty = True
+
+    def _select_tree_row(self, name: str) -> None:
+        source = self.tree_model.index_of(name)
+        if not source.isValid():
+            return
+        index = self.tree_proxy.mapFromSource(source)
+        if not index.isValid():
+            return
+        parent = index.parent()
+        while parent.isValid():
+            self.tree_view.expand(parent)
+            parent = parent.parent()
+        self._syncing_tree = True
+        try:
+            self.tree_view.setCurrentIndex(index)
+        finally:
+            self._syncing_tree = False
+        self.tree_view.scrollTo(index, QAbstractItemView.ScrollHint.PositionAtCenter)
+
+    def _collapse_tree(self) -> None:
+        self.tree_view.collapseAll()
+        self.tree_view.expandToDepth(0)
+
+    def _refresh_status_bar(self) -> None:
+        history = self.history
+        if history.count:
+            self.step_label.setText(f"step: {int(history.steps[-1])}  ({history.count} done)")
+            self.loss_label.setText(f"loss: {format_value(float(history.losses[-1]))}")
+        else:
+            self.step_label.setText("step: -")
+            self.loss_label.setText("loss: -")
+        rate = self._steps_per_second()
+        self.rate_label.setText(f"steps/s: {rate:.1f}" if rate is not None else "steps/s: -")
+
+    def _steps_per_second(self) -> float | None:
+        if self.state != "running" or len(self._rate) < 2:
+            return None
+        now = time.perf_counter()
+        recent = [(t, c) for t, c in self._rate if now - t <= 3.0] or list(self._rate)[-2:]
+        if len(recent) < 2 or recent[-1][0] <= recent[0][0]:
+            return None
+        return (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        text, color = _STATE_TEXT[state]
+        if state == "halted":
+            color = STATUS_COLORS[3]
+        self.state_label.setText(f"<b style='color:{color}'>{text}</b>")
+        self._update_actions()
+
+    def _update_actions(self) -> None:
+        state = self.state
+        has_model = self.source is not None
+        self.run_action.setEnabled(has_model and state in ("ready", "paused", "halted", "done",
+                                                           "stopped", "failed"))
+        self.run_action.setText("&Continue" if state in ("paused", "halted") else "&Run")
+        self.pause_action.setEnabled(state == "running")
+        self.step_action.setEnabled(state in ("ready", "paused", "halted", "done"))
+        self.stop_action.setEnabled(state in ("running", "paused", "halted", "done"))
+        self.restart_action.setEnabled(has_model and state != "loading")
+        self.export_png_action.setEnabled(self.history.count > 0 or state != "empty")
+        self.export_csv_action.setEnabled(True)
+
+    # -- persistence ---------------------------------------------------------------------
+    def _fill_samples_menu(self) -> None:
+        self.samples_menu.clear()
+        samples = sorted(SAMPLE_DIR.glob("*.py")) if SAMPLE_DIR.is_dir() else []
+        for path in samples:
+            if path.name.startswith("_"):
+                continue
+            action = self.samples_menu.addAction(path.stem.replace("_", " "))
+            action.setToolTip(str(path))
+            action.triggered.connect(lambda _=False, p=str(path): self.open_model(p))
+        self.samples_menu.setEnabled(bool(samples))
+
+    def recent_models(self) -> list[str]:
+        value = self.preferences.value("model/recent", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def _fill_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        recent = self.recent_models()
+        for source in recent:
+            action = self.recent_menu.addAction(source)
+            action.triggered.connect(lambda _=False, s=source: self.open_model(s))
+        if recent:
+            self.recent_menu.addSeparator()
+            self.recent_menu.addAction("Clear recent", self._clear_recent)
+        self.recent_menu.setEnabled(bool(recent))
+
+    def _clear_recent(self) -> None:
+        self.preferences.setValue("model/recent", [])
+
+    def _remember_model(self, source: str) -> None:
+        recent = [s for s in self.recent_models() if s != source]
+        self.preferences.setValue("model/recent", [source, *recent][:RECENT_LIMIT])
+        self.preferences.setValue("model/last", source)
+
+    def _overrides_key(self, source: str) -> str:
+        return "run_settings/" + source.replace("/", "|").replace("\\", "|")
+
+    def _persisted_overrides(self, source: str) -> dict[str, Any]:
+        text = self.preferences.value(self._overrides_key(source), "")
+        try:
+            data = json.loads(text) if text else {}
+        except (TypeError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        data = {k: v for k, v in data.items() if k in SETTING_NAMES and k != "layers"}
+        device = str(data.get("device", ""))
+        if device.startswith("cuda") and device.split(":")[0] and not cuda_devices():
+            data.pop("device")
+        return data
+
+    def _persist_overrides(self, source: str, settings: RunSettings) -> None:
+        """Remember the settings the user changed for this model (on top of its CONFIG)."""
+        base = self._loaded_settings
+        assert base is not None
+        stored = self._persisted_overrides(source)
+        for name in SETTING_NAMES:
+            if name != "layers" and getattr(settings, name) != getattr(base, name):
+                stored[name] = getattr(settings, name)
+        self.preferences.setValue(self._overrides_key(source), json.dumps(stored))
+
+    def restore_geometry(self) -> bool:
+        geometry = self.preferences.value("window/geometry")
+        state = self.preferences.value("window/state")
+        restored = isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)
+        if isinstance(state, QByteArray):
+            self._state_restored = self.restoreState(state)
+        return bool(restored)
+
+    # -- Qt events -----------------------------------------------------------------------
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if self.persist:
+            self.preferences.setValue("window/geometry", self.saveGeometry())
+            self.preferences.setValue("window/state", self.saveState())
+            self.preferences.sync()
+        self.refresh_timer.stop()
+        self.run_thread.shutdown()
+        super().closeEvent(event)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if any(url.toLocalFile().endswith(".py") for url in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        for url in event.mimeData().urls():
+            path = url.toLocalFile()
+            if path.endswith(".py"):
+                self.open_model(path)
+                event.acceptProposedAction()
+                return
+
+    def recent_menu_actions(self) -> list[QAction]:
+        return [a for a in self.recent_menu.actions() if not a.isSeparator()]
+
+    def sample_menu(self) -> QMenu:
+        return self.samples_menu
+

@@ -1,0 +1,350 @@
+"""A Qt item model over the engine's ModuleTree (not a copy in a QTreeWidget).
+
+Rows are the model's modules; a checkbox on every module that owns parameters says whether
+the engine watches it. Parents are tri-state: ticking one ticks every layer in its subtree.
+Ticks made by the user are announced with ``watched_layers_edited``; what the engine really
+watches comes back through :meth:`set_watched`, so the boxes always show the engine's truth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from PySide6.QtCore import (
+    QAbstractItemModel,
+    QModelIndex,
+    QPersistentModelIndex,
+    QSortFilterProxyModel,
+    Qt,
+    Signal,
+)
+from PySide6.QtGui import QBrush, QColor, QFont
+
+from gradscope.core.module_tree import ModuleNode, ModuleTree
+from gradscope.core.watch import STATUS_NONFINITE, STATUS_OK
+from gradscope.gui.status_style import (
+    ORIGIN_COLOR,
+    ORIGIN_TINT,
+    STATUS_LABELS,
+    STATUS_TINTS,
+    format_value,
+    inside_icon,
+    origin_icon,
+    status_color,
+    status_icon,
+)
+
+NAME, TYPE, PARAMS, GRAD_NORM, STATUS = range(5)
+HEADERS = ("Module", "Type", "Params", "Grad norm", "Status")
+NAME_ROLE = Qt.ItemDataRole.UserRole + 1
+_NO_STATUS = -1
+_Index = QModelIndex | QPersistentModelIndex
+_ROOT = QModelIndex()
+
+
+class ModuleTreeModel(QAbstractItemModel):
+    watched_layers_edited = Signal(list)  # the layer names the user now wants watched
+
+    def __init__(self, parent: object | None = None) -> None:
+        super().__init__(parent)
+        self._tree: ModuleTree | None = None
+        self._nodes: list[ModuleNode] = []
+        self._id: dict[int, int] = {}  # id(node) -> position in _nodes
+        self._row: list[int] = []
+        self._layers_under: list[list[int]] = []  # checkable nodes in each subtree
+        self._watched: set[str] = set()
+        self._norm: dict[str, float] = {}
+        self._status: dict[str, int] = {}
+        self._inside: list[int] = []  # worst status strictly inside each node's subtree
+        self._origin: str | None = None
+        self._origin_text = ""
+        self._origin_kind = "NaN"
+
+    # -- feeding -----------------------------------------------------------------------
+    def set_tree(self, tree: ModuleTree | None, watched: Iterable[str] = ()) -> None:
+        self.beginResetModel()
+        self._tree = tree
+        self._nodes = list(tree) if tree is not None else []
+        self._id = {id(node): i for i, node in enumerate(self._nodes)}
+        self._row = [0] * len(self._nodes)
+        for node in self._nodes:
+            for row, child in enumerate(node.children):
+                self._row[self._id[id(child)]] = row
+        self._layers_under = [[] for _ in self._nodes]
+        for i in reversed(range(len(self._nodes))):
+            node = self._nodes[i]
+            under = [i] if node.own_params > 0 else []
+            for child in node.children:
+                under.extend(self._layers_under[self._id[id(child)]])
+            self._layers_under[i] = under
+        self._watched = self._expand(watched)
+        self._norm, self._status = {}, {}
+        self._inside = [_NO_STATUS] * len(self._nodes)
+        self._origin, self._origin_text = None, ""
+        self.endResetModel()
+
+    @property
+    def tree(self) -> ModuleTree | None:
+        return self._tree
+
+    def _expand(self, names: Iterable[str]) -> set[str]:
+        """Watched names as checkable rows: a watched container (no own parameters) stands
+        for every parameterised module under it."""
+        result: set[str] = set()
+        for name in names:
+            node = self._tree.nodes.get(name) if self._tree is not None else None
+            if node is None:
+                continue
+            result.update(self._nodes[i].name for i in self._layers_under[self._id[id(node)]])
+        return result
+
+    def set_watched(self, names: Iterable[str]) -> None:
+        """What the engine watches now (the reverse direction of the checkboxes)."""
+        watched = self._expand(names)
+        if watched != self._watched:
+            self._watched = watched
+            self._changed_everywhere(NAME, NAME)
+
+    def watched_layers(self) -> list[str]:
+        """Checked layers in the tree's (forward registration) order."""
+        return [n.name for n in self._nodes if n.own_params > 0 and n.name in self._watched]
+
+    def set_step_values(self, norms: dict[str, float], statuses: dict[str, int]) -> None:
+        """Gradient norm and status per layer at the step on show, as the engine measured."""
+        self._norm, self._status = norms, statuses
+        inside = [_NO_STATUS] * len(self._nodes)
+        for i in reversed(range(len(self._nodes))):
+            worst = _NO_STATUS
+            for child in self._nodes[i].children:
+                c = self._id[id(child)]
+                worst = max(worst, inside[c], statuses.get(child.name, _NO_STATUS))
+            inside[i] = worst
+        self._inside = inside
+        self._changed_everywhere(NAME, STATUS)
+
+    def set_origin(self, module: str | None, description: str = "", kind: str = "nan") -> None:
+        """Mark the module where the first NaN/Inf was made (``kind``: "nan" or "inf")."""
+        self._origin, self._origin_text = module, description
+        self._origin_kind = "Inf" if kind == "inf" else "NaN"
+        self._changed_everywhere(NAME, STATUS)
+
+    @property
+    def origin(self) -> str | None:
+        return self._origin
+
+    def _changed_everywhere(self, first: int, last: int) -> None:
+        for i, node in enumerate(self._nodes):
+            if node.children:
+                parent = self.createIndex(self._row[i], 0, i)
+                self.dataChanged.emit(
+                    self.index(0, first, parent), self.index(len(node.children) - 1, last, parent)
+                )
+        if self._nodes:
+            self.dataChanged.emit(self.index(0, first), self.index(0, last))
+
+    # -- lookup ------------------------------------------------------------------------
+    def index_of(self, name: str, column: int = 0) -> QModelIndex:
+        node = self._tree.nodes.get(name) if self._tree is not None else None
+        if node is None:
+            return QModelIndex()
+        i = self._id[id(node)]
+        return self.createIndex(self._row[i], column, i)
+
+    def node(self, index: _Index) -> ModuleNode | None:
+        if not index.isValid():
+            return None
+        return self._nodes[index.internalId()]
+
+    # -- QAbstractItemModel ------------------------------------------------------------
+    def index(self, row: int, column: int, parent: _Index = _ROOT) -> QModelIndex:
+        if not self.hasIndex(row, column, parent):
+            return QModelIndex()
+        if not parent.isValid():
+            return self.createIndex(row, column, 0)
+        child = self._nodes[parent.internalId()].children[row]
+        return self.createIndex(row, column, self._id[id(child)])
+
+    def parent(self, index: _Index = _ROOT) -> QModelIndex:  # type: ignore[override]
+        if not index.isValid():
+            return QModelIndex()
+        node = self._nodes[index.internalId()]
+        if node.parent is None:
+            return QModelIndex()
+        i = self._id[id(node.parent)]
+        return self.createIndex(self._row[i], 0, i)
+
+    def rowCount(self, parent: _Index = _ROOT) -> int:
+        if not self._nodes:
+            return 0
+        if not parent.isValid():
+            return 1
+        if parent.column() != 0:
+            return 0
+        return len(self._nodes[parent.internalId()].children)
+
+    def columnCount(self, parent: _Index = _ROOT) -> int:
+        return len(HEADERS)
+
+    def headerData(
+        self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> object:
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+            return HEADERS[section]
+        return None
+
+    def flags(self, index: _Index) -> Qt.ItemFlag:
+        if not index.isValid():
+            return Qt.ItemFlag.NoItemFlags
+        flags = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+        if index.column() == NAME and self._layers_under[index.internalId()]:
+            flags |= Qt.ItemFlag.ItemIsUserCheckable
+        return flags
+
+    def _check_state(self, i: int) -> Qt.CheckState | None:
+        layers = self._layers_under[i]
+        if not layers:
+            return None
+        ticked = sum(self._nodes[j].name in self._watched for j in layers)
+        if ticked == 0:
+            return Qt.CheckState.Unchecked
+        if ticked == len(layers):
+            return Qt.CheckState.Checked
+        return Qt.CheckState.PartiallyChecked
+
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
+        if not index.isValid():
+            return None
+        i = index.internalId()
+        node = self._nodes[i]
+        column = index.column()
+        own = self._status.get(node.name, _NO_STATUS)
+        is_origin = self._origin is not None and node.name == self._origin
+        if role == Qt.ItemDataRole.DisplayRole:
+            return self._display(node, column, own, is_origin)
+        if role == Qt.ItemDataRole.CheckStateRole and column == NAME:
+            return self._check_state(i)
+        if role == Qt.ItemDataRole.DecorationRole and column == NAME:
+            if is_origin:
+                return origin_icon()
+            if own > STATUS_OK:
+                return status_icon(own)
+            if self._inside[i] > STATUS_OK:
+                return inside_icon(self._inside[i])
+            return None
+        if role == Qt.ItemDataRole.BackgroundRole:
+            if is_origin:
+                return QBrush(QColor(ORIGIN_TINT))
+            if own in STATUS_TINTS:
+                return QBrush(QColor(STATUS_TINTS[own]))
+            return None
+        if role == Qt.ItemDataRole.ForegroundRole:
+            if is_origin:
+                return QBrush(QColor(ORIGIN_COLOR))
+            if column == STATUS:
+                status = own if own > STATUS_OK else self._inside[i]
+                if status > STATUS_OK:
+                    return QBrush(status_color(status).darker(120))
+            return None
+        if role == Qt.ItemDataRole.FontRole:
+            if is_origin or (column == STATUS and own > STATUS_OK):
+                font = QFont()
+                font.setBold(True)
+                return font
+            if column == STATUS and self._inside[i] > STATUS_OK:
+                font = QFont()
+                font.setItalic(True)
+                return font
+            return None
+        if role == Qt.ItemDataRole.TextAlignmentRole and column in (PARAMS, GRAD_NORM):
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return self._tooltip(node, own, is_origin, i)
+        if role == NAME_ROLE:
+            return node.name
+        return None
+
+    def _display(self, node: ModuleNode, column: int, own: int, is_origin: bool) -> str:
+        if column == NAME:
+            return node.short_name
+        if column == TYPE:
+            return node.type_name
+        if column == PARAMS:
+            return f"{node.total_params:,}" if node.total_params else ""
+        if column == GRAD_NORM:
+            value = self._norm.get(node.name)
+            return format_value(value) if value is not None else ""
+        if column == STATUS:
+            if is_origin:
+                return f"{self._origin_kind} origin"
+            if own >= STATUS_OK:
+                return STATUS_LABELS[own]
+            inside = self._inside[self._id[id(node)]]
+            if inside > STATUS_OK:
+                return STATUS_LABELS[inside]  # italic: somewhere inside this module
+        return ""
+
+    def _tooltip(self, node: ModuleNode, own: int, is_origin: bool, i: int) -> str:
+        lines = [f"{node.name or '(model root)'}  ({node.type_name})"]
+        if node.total_params:
+            lines.append(f"{node.total_params:,} parameters ({node.own_params:,} own)")
+        if own >= STATUS_OK:
+            value = self._norm.get(node.name, math.nan)
+            lines.append(f"gradient norm {format_value(value)}: {STATUS_LABELS[own]}")
+        elif self._inside[i] > STATUS_OK:
+            lines.append(f"a layer inside is {STATUS_LABELS[self._inside[i]]}")
+        if is_origin:
+            lines.append(f"first non-finite value made here: {self._origin_text}")
+        return "\n".join(lines)
+
+    def setData(self, index: _Index, value: object, role: int = Qt.ItemDataRole.EditRole) -> bool:
+        if role != Qt.ItemDataRole.CheckStateRole or not index.isValid():
+            return False
+        i = index.internalId()
+        layers = self._layers_under[i]
+        if not layers:
+            return False
+        state = value if isinstance(value, Qt.CheckState) else Qt.CheckState(int(value))
+        names = {self._nodes[j].name for j in layers}
+        if state == Qt.CheckState.Unchecked:
+            self._watched -= names
+        else:
+            self._watched |= names
+        self._changed_everywhere(NAME, NAME)
+        self.watched_layers_edited.emit(self.watched_layers())
+        return True
+
+    def worst_status(self) -> int:
+        return max(self._status.values(), default=_NO_STATUS)
+
+    def flagged_layers(self) -> list[str]:
+        return [name for name, s in self._status.items() if s == STATUS_NONFINITE]
+
+
+class ModuleFilterModel(QSortFilterProxyModel):
+    """Filters by module name (dotted path) or type; ancestors of a match stay visible."""
+
+    def __init__(self, parent: object | None = None) -> None:
+        super().__init__(parent)
+        self.setRecursiveFilteringEnabled(True)
+        self.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+        self._text = ""
+
+    def set_filter_text(self, text: str) -> None:
+        if hasattr(self, "beginFilterChange"):  # Qt >= 6.9; invalidateFilter is deprecated
+            self.beginFilterChange()
+            self._text = text.strip().lower()
+            self.endFilterChange()
+        else:
+            self._text = text.strip().lower()
+            self.invalidateFilter()
+
+    def filterAcceptsRow(self, source_row: int, source_parent: _Index) -> bool:
+        if not self._text:
+            return True
+        model = self.sourceModel()
+        index = model.index(source_row, 0, source_parent)
+        node = model.node(index)
+        if node is None:
+            return False
+        return self._text in node.name.lower() or self._text in node.type_name.lower()

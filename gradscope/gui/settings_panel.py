@@ -1,0 +1,286 @@
+"""The run settings panel: one widget per field of the engine's RunSettings.
+
+Edits are announced with ``settings_edited``; the window hands them to the worker, which
+applies them from the next step (a what-if while paused). The device, seed and image size
+belong to the built model, so they take effect at the next restart; the panel says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QStandardItemModel
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from gradscope.core.settings import OPTIMIZERS, RunSettings
+from gradscope.gui.worker import RESTART_SETTINGS
+
+
+def cuda_devices() -> list[str]:
+    """``cuda:N`` for each CUDA device present (none when torch has no usable GPU)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    except Exception:  # a broken CUDA set-up just means no CUDA items
+        return []
+
+
+class NumberEdit(QLineEdit):
+    """A float in any notation (``1e-12``, ``0.9``); invalid text turns red and is ignored."""
+
+    value_edited = Signal()
+
+    def __init__(self, minimum: float = 0.0, allow_empty: bool = False) -> None:
+        super().__init__()
+        self.minimum = minimum
+        self.allow_empty = allow_empty
+        self.editingFinished.connect(self._on_editing_finished)
+        self.textChanged.connect(self._on_text_changed)
+        self._value: float | None = 0.0
+
+    def value(self) -> float | None:
+        return self._value
+
+    def set_value(self, value: float | None) -> None:
+        self._value = value
+        self.setText("" if value is None else f"{value:g}")
+
+    def _parse(self) -> tuple[bool, float | None]:
+        text = self.text().strip()
+        if not text:
+            return self.allow_empty, None
+        try:
+            value = float(text)
+        except ValueError:
+            return False, None
+        return math.isfinite(value) and value >= self.minimum, value
+
+    def _on_text_changed(self) -> None:
+        ok, _ = self._parse()
+        self.setStyleSheet("" if ok else "QLineEdit { background: #fbd5d5; }")
+
+    def _on_editing_finished(self) -> None:
+        ok, value = self._parse()
+        if ok and value != self._value:
+            self._value = value
+            self.value_edited.emit()
+
+
+class SettingsPanel(QScrollArea):
+    settings_edited = Signal(object)  # RunSettings
+
+    def __init__(self, cuda: list[str] | None = None) -> None:
+        super().__init__()
+        self.setWidgetResizable(True)
+        self.setFrameShape(QScrollArea.Shape.NoFrame)
+        body = QWidget()
+        self.setWidget(body)
+        outer = QVBoxLayout(body)
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setLabelAlignment(Qt.AlignmentFlag.AlignRight)
+        outer.addLayout(form)
+        self._base = RunSettings()
+        self._loading = False
+
+        self.device = QComboBox()
+        self._fill_devices(cuda_devices() if cuda is None else cuda)
+        self.steps = QSpinBox()
+        self.steps.setRange(0, 10_000_000)
+        self.steps.setToolTip("steps a Run goes to (Run continues a paused run up to this)")
+        self.batch_size = QSpinBox()
+        self.batch_size.setRange(1, 1_000_000)
+        self.optimizer = QComboBox()
+        self.optimizer.addItems(OPTIMIZERS)
+        self.lr = NumberEdit()
+        self.momentum = NumberEdit()
+        self.weight_decay = NumberEdit()
+        self.loss_scale = NumberEdit(minimum=-math.inf)
+        self.loss_scale.setToolTip("the loss is multiplied by this (large values provoke\n"
+                                   "explosion)")
+        self.clip_enabled = QCheckBox("clip to")
+        self.clip = NumberEdit(minimum=1e-300)
+        self.clip.set_value(1.0)
+        clip_row = QWidget()
+        clip_layout = QHBoxLayout(clip_row)
+        clip_layout.setContentsMargins(0, 0, 0, 0)
+        clip_layout.addWidget(self.clip_enabled)
+        clip_layout.addWidget(self.clip, 1)
+        clip_row.setToolTip("clip the total gradient norm (off when unticked)")
+        self.seed = QSpinBox()
+        self.seed.setRange(0, 2**31 - 1)
+        self.image_size = QSpinBox()
+        self.image_size.setRange(8, 4096)
+        self.image_size.setToolTip("input size for torchvision models")
+        self.explode_threshold = NumberEdit()
+        self.explode_threshold.setToolTip("a layer whose gradient norm is above this is exploding")
+        self.vanish_threshold = NumberEdit()
+        self.vanish_threshold.setToolTip("a layer whose gradient norm is below this is vanishing")
+        self.pause_at_nonfinite = QCheckBox("pause at the first NaN/Inf")
+        self.pause_at_nonfinite.setToolTip(
+            "like a breakpoint: the step's optimizer update is not applied, so weights and "
+            "gradients stay as they were (off: keep going)")
+        self.update_ratio = QCheckBox("measure update ratio ‖Δw‖/‖w‖")
+
+        restart = " ⟳"
+        form.addRow("Device" + restart, self.device)
+        form.addRow("Steps", self.steps)
+        form.addRow("Batch size", self.batch_size)
+        form.addRow("Optimizer", self.optimizer)
+        form.addRow("Learning rate", self.lr)
+        form.addRow("Momentum", self.momentum)
+        form.addRow("Weight decay", self.weight_decay)
+        form.addRow("Loss scale", self.loss_scale)
+        form.addRow("Gradient clip", clip_row)
+        form.addRow("Seed" + restart, self.seed)
+        form.addRow("Image size" + restart, self.image_size)
+        form.addRow("Explode above", self.explode_threshold)
+        form.addRow("Vanish below", self.vanish_threshold)
+        form.addRow("", self.pause_at_nonfinite)
+        form.addRow("", self.update_ratio)
+        note = QLabel(
+            "Changes apply from the next step, also while paused. "
+            "⟳ marks settings that take effect at the next restart (Run ▸ Restart).")
+        note.setWordWrap(True)
+        note.setStyleSheet("color: #666;")
+        outer.addWidget(note)
+        self.restart_note = QLabel("")
+        self.restart_note.setWordWrap(True)
+        self.restart_note.setStyleSheet("color: #a05a00;")
+        outer.addWidget(self.restart_note)
+        outer.addStretch(1)
+
+        for spin in (self.steps, self.batch_size, self.seed, self.image_size):
+            spin.editingFinished.connect(self._on_widget_edited)
+            spin.valueChanged.connect(self._on_spin_changed)
+        for edit in (self.lr, self.momentum, self.weight_decay, self.loss_scale, self.clip,
+                     self.explode_threshold, self.vanish_threshold):
+            edit.value_edited.connect(self._on_widget_edited)
+        for combo in (self.device, self.optimizer):
+            combo.currentIndexChanged.connect(self._on_widget_edited)
+        for box in (self.clip_enabled, self.pause_at_nonfinite, self.update_ratio):
+            box.toggled.connect(self._on_widget_edited)
+        self.clip_enabled.toggled.connect(self.clip.setEnabled)
+        self._running_settings: RunSettings | None = None
+        self._last_emitted: RunSettings | None = None
+
+    def _fill_devices(self, cuda: list[str]) -> None:
+        self.device.addItem("auto")
+        self.device.addItem("cpu")
+        names = cuda or ["cuda:0"]
+        model = self.device.model()
+        assert isinstance(model, QStandardItemModel)
+        for name in names:
+            self.device.addItem(name)
+            if not cuda:
+                item = model.item(self.device.count() - 1)
+                item.setEnabled(False)
+                item.setToolTip("no CUDA device here (CPU-only torch build or no usable GPU)")
+        self.device.setToolTip(
+            "CUDA devices present: " + (", ".join(cuda) if cuda else "none"))
+
+    # -- values --------------------------------------------------------------------------
+    def set_settings(self, settings: RunSettings, running: RunSettings | None = None) -> None:
+        """Show ``settings`` (no signal). ``running``: what the built model was made with."""
+        self._loading = True
+        try:
+            if self.device.findText(settings.device) < 0:
+                self.device.addItem(settings.device)
+            self.device.setCurrentText(settings.device)
+            self.steps.setValue(settings.steps)
+            self.batch_size.setValue(settings.batch_size)
+            self.optimizer.setCurrentText(settings.optimizer)
+            self.lr.set_value(settings.lr)
+            self.momentum.set_value(settings.momentum)
+            self.weight_decay.set_value(settings.weight_decay)
+            self.loss_scale.set_value(settings.loss_scale)
+            self.clip_enabled.setChecked(settings.clip is not None)
+            self.clip.setEnabled(settings.clip is not None)
+            if settings.clip is not None:
+                self.clip.set_value(settings.clip)
+            self.seed.setValue(settings.seed)
+            self.image_size.setValue(settings.image_size)
+            self.explode_threshold.set_value(settings.explode_threshold)
+            self.vanish_threshold.set_value(settings.vanish_threshold)
+            self.pause_at_nonfinite.setChecked(not settings.keep_going)
+            self.update_ratio.setChecked(settings.update_ratio)
+            self._base = settings
+            if running is not None:
+                self._running_settings = running
+            self._update_restart_note()
+        finally:
+            self._loading = False
+
+    def settings(self) -> RunSettings:
+        """The panel's values as RunSettings (layers as last set, kept from the base)."""
+        return dataclasses.replace(
+            self._base,
+            device=self.device.currentText(),
+            steps=self.steps.value(),
+            batch_size=self.batch_size.value(),
+            optimizer=self.optimizer.currentText(),
+            lr=self.lr.value() or 0.0,
+            momentum=self.momentum.value() or 0.0,
+            weight_decay=self.weight_decay.value() or 0.0,
+            loss_scale=self.loss_scale.value() if self.loss_scale.value() is not None else 1.0,
+            clip=self.clip.value() if self.clip_enabled.isChecked() else None,
+            seed=self.seed.value(),
+            image_size=self.image_size.value(),
+            explode_threshold=self.explode_threshold.value() or 0.0,
+            vanish_threshold=self.vanish_threshold.value() or 0.0,
+            keep_going=not self.pause_at_nonfinite.isChecked(),
+            update_ratio=self.update_ratio.isChecked(),
+        )
+
+    def set_layers(self, layers: list[str] | None) -> None:
+        self._base = dataclasses.replace(self._base, layers=layers)
+
+    def needs_restart(self) -> list[str]:
+        running = self._running_settings
+        if running is None:
+            return []
+        current = self.settings()
+        return [name for name in RESTART_SETTINGS
+                if getattr(current, name) != getattr(running, name)
+                and not (name == "device" and current.device == "auto")]
+
+    def _update_restart_note(self) -> None:
+        changed = self.needs_restart()
+        self.restart_note.setText(
+            f"{', '.join(changed).replace('_', ' ')} changed: restart to use the new value."
+            if changed else "")
+
+    # -- edits ---------------------------------------------------------------------------
+    def _on_spin_changed(self) -> None:
+        # Arrow clicks change a spin box without finishing an edit.
+        if not self._loading and not self.sender().hasFocus():
+            self._on_widget_edited()
+
+    def _on_widget_edited(self) -> None:
+        if self._loading:
+            return
+        try:
+            settings = self.settings().validated()
+        except Exception:  # an invalid value is shown red, not applied
+            return
+        self._base = settings
+        self._update_restart_note()
+        if settings != self._last_emitted:
+            self._last_emitted = settings
+            self.settings_edited.emit(settings)

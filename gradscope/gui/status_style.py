@@ -1,0 +1,120 @@
+"""How a layer status looks everywhere in the app: colours, icons, labels, number text.
+
+One place, so the tree, the plots and the events list agree that red means NaN/Inf, orange
+exploding and blue vanishing.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPen, QPixmap, QPolygonF
+
+from gradscope.core.watch import (
+    STATUS_EXPLODING,
+    STATUS_NONFINITE,
+    STATUS_OK,
+    STATUS_VANISHING,
+)
+
+STATUS_COLORS = {
+    STATUS_OK: "#2ca02c",
+    STATUS_VANISHING: "#1f77b4",
+    STATUS_EXPLODING: "#f07f0e",
+    STATUS_NONFINITE: "#d62728",
+}
+# Light tints for row backgrounds: readable with black text.
+STATUS_TINTS = {
+    STATUS_VANISHING: "#dcebf8",
+    STATUS_EXPLODING: "#ffe8cc",
+    STATUS_NONFINITE: "#fbd5d5",
+}
+STATUS_LABELS = {
+    STATUS_OK: "ok",
+    STATUS_VANISHING: "vanishing",
+    STATUS_EXPLODING: "exploding",
+    STATUS_NONFINITE: "NaN/Inf",
+}
+ORIGIN_COLOR = "#8b0000"
+ORIGIN_TINT = "#f4a6a6"
+NONFINITE_MARKER_COLOR = STATUS_COLORS[STATUS_NONFINITE]
+ZERO_MARKER_COLOR = STATUS_COLORS[STATUS_VANISHING]
+
+
+def status_color(status: int) -> QColor:
+    return QColor(STATUS_COLORS.get(status, "#7f7f7f"))
+
+
+def format_value(value: float | None) -> str:
+    """A statistic as short text: ``1.23e+10``, ``0.0457``, ``NaN``, ``Inf``."""
+    if value is None:
+        return ""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "0"
+    if 1e-3 <= abs(value) < 1e4:
+        return f"{value:.4g}"
+    return f"{value:.3e}"
+
+
+def _canvas(size: int = 16) -> tuple[QPixmap, QPainter]:
+    pixmap = QPixmap(size, size)
+    pixmap.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(pixmap)
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    return pixmap, painter
+
+
+@cache
+def status_icon(status: int) -> QIcon:
+    """A filled badge: a circle with "!" (NaN/Inf), an up triangle (exploding), a down
+    triangle (vanishing); empty for ok."""
+    pixmap, painter = _canvas()
+    color = status_color(status)
+    painter.setPen(QPen(color.darker(130), 1))
+    painter.setBrush(QBrush(color))
+    if status == STATUS_NONFINITE:
+        painter.drawEllipse(QRectF(1.5, 1.5, 13, 13))
+        painter.setPen(QPen(QColor("white"), 2.2))
+        painter.drawLine(QPointF(8, 4.5), QPointF(8, 9.5))
+        painter.drawPoint(QPointF(8, 12))
+    elif status == STATUS_EXPLODING:
+        painter.drawPolygon(QPolygonF([QPointF(8, 1.5), QPointF(15, 14.5), QPointF(1, 14.5)]))
+    elif status == STATUS_VANISHING:
+        painter.drawPolygon(QPolygonF([QPointF(1, 1.5), QPointF(15, 1.5), QPointF(8, 14.5)]))
+    painter.end()
+    return QIcon(pixmap)
+
+
+@cache
+def origin_icon() -> QIcon:
+    """A crosshair: the module where the first NaN/Inf was made."""
+    pixmap, painter = _canvas()
+    painter.setPen(QPen(QColor(ORIGIN_COLOR), 2))
+    painter.setBrush(QBrush(QColor(STATUS_COLORS[STATUS_NONFINITE])))
+    painter.drawEllipse(QRectF(3, 3, 10, 10))
+    painter.drawLine(QPointF(8, 0), QPointF(8, 4))
+    painter.drawLine(QPointF(8, 12), QPointF(8, 16))
+    painter.drawLine(QPointF(0, 8), QPointF(4, 8))
+    painter.drawLine(QPointF(12, 8), QPointF(16, 8))
+    painter.end()
+    return QIcon(pixmap)
+
+
+@cache
+def inside_icon(status: int) -> QIcon:
+    """A small hollow badge for a parent whose subtree holds a flagged layer."""
+    pixmap, painter = _canvas()
+    color = status_color(status)
+    painter.setPen(QPen(color, 2))
+    painter.setBrush(Qt.BrushStyle.NoBrush)
+    painter.drawEllipse(QRectF(3, 3, 10, 10))
+    painter.setBrush(QBrush(color))
+    painter.drawEllipse(QRectF(6, 6, 4, 4))
+    painter.end()
+    return QIcon(pixmap)

@@ -1,0 +1,301 @@
+"""The background run: a QObject moved to a QThread drives the engine's StepRunner.
+
+The GUI thread never touches the model. It asks the worker to load a model or to run some
+steps (queued signals), and sets stop/pause flags and pending settings directly; the worker
+checks them between steps. Results come back as plain data (numpy arrays and dataclasses
+from the engine), batched so that a model doing a thousand steps a second sends the GUI a
+few dozen signals a second, not a thousand.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+# Seconds between two batches of step results sent to the GUI while steps are fast.
+_EMIT_INTERVAL = 1 / 60
+
+# Settings fixed for a run: changing them needs a restart (a new model).
+RESTART_SETTINGS = ("device", "seed", "image_size")
+
+
+# -- payloads (one dataclass per signal) ------------------------------------------------
+@dataclass(frozen=True)
+class LoadRequest:
+    source: str
+    overrides: dict[str, Any]
+    weights: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    source: str
+    display_name: str
+    tree: Any  # gradscope.core.module_tree.ModuleTree
+    layers: list[Any]  # LayerInfo of the engine's watch, in its column order
+    settings: Any  # RunSettings as the engine took them
+    device: str
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step with the watch's layer layout at that step."""
+
+    result: Any  # gradscope.core.runner.StepResult
+    layer_names: tuple[str, ...]
+    layer_types: tuple[str, ...]
+    layer_params: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepsFinished:
+    records: list[StepRecord]
+
+
+@dataclass(frozen=True)
+class WatchChanged:
+    layers: list[Any]  # LayerInfo
+
+
+@dataclass(frozen=True)
+class RunPaused:
+    """A run request ended. ``reason``: "requested" (Pause), "stopped" (Stop),
+    "nonfinite" (the engine halted at a NaN/Inf), "completed" or "failed"."""
+
+    reason: str
+    steps_done: int
+
+
+@dataclass(frozen=True)
+class RunFailed:
+    stage: str  # "load", "step" or "settings"
+    message: str
+    details: list[str] = field(default_factory=list)
+
+
+def describe_error(error: BaseException) -> tuple[str, list[str]]:
+    """The message and the user-facing traceback lines of an error."""
+    from gradscope.core.errors import GradScopeError
+
+    if isinstance(error, GradScopeError):
+        return error.message, list(error.details)
+    message = f"{type(error).__name__}: {error}".strip()
+    lines = traceback.format_exception(type(error), error, error.__traceback__)
+    return message, [line.rstrip("\n") for line in "".join(lines).splitlines()[-12:]]
+
+
+class RunWorker(QObject):
+    """Lives in the run thread. Slots run there; the flags and ``queue_settings`` are the
+    only things the GUI thread calls directly."""
+
+    model_loaded = Signal(object)  # ModelLoaded
+    steps_finished = Signal(object)  # StepsFinished
+    watch_changed = Signal(object)  # WatchChanged
+    run_paused = Signal(object)  # RunPaused
+    run_failed = Signal(object)  # RunFailed
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runner: Any = None
+        self._lock = threading.Lock()
+        self._pending_settings: Any = None
+        self.stop_requested = False
+        self.pause_requested = False
+        self._layer_layout: tuple[Any, tuple, tuple, tuple] = (None, (), (), ())
+
+    # -- called from the GUI thread ------------------------------------------------------
+    def queue_settings(self, settings: Any) -> None:
+        """New settings, taken before the next step."""
+        with self._lock:
+            self._pending_settings = settings
+
+    def clear_flags(self) -> None:
+        self.stop_requested = False
+        self.pause_requested = False
+
+    # -- slots, in the run thread ----------------------------------------------------------
+    @Slot(object)
+    def load(self, request: LoadRequest) -> None:
+        from gradscope.core.loading import load_with_settings
+        from gradscope.core.runner import StepRunner
+
+        self._close_runner()
+        with self._lock:
+            self._pending_settings = None
+        try:
+            loaded, settings = load_with_settings(
+                request.source, request.overrides, weights=request.weights
+            )
+            runner = StepRunner(loaded, settings)
+        except Exception as error:  # any failure of the user's model is shown
+            message, details = describe_error(error)
+            self.run_failed.emit(RunFailed("load", message, details))
+            return
+        self.runner = runner
+        layers = list(runner.watch.layers) if runner.watch is not None else []
+        self.model_loaded.emit(
+            ModelLoaded(
+                source=loaded.source,
+                display_name=loaded.display_name,
+                tree=runner.tree,
+                layers=layers,
+                settings=runner.settings,
+                device=str(runner.device),
+                notes=list(loaded.notes),
+            )
+        )
+
+    @Slot(int)
+    def run(self, count: int) -> None:
+        """Up to ``count`` steps; ends early on Pause, Stop, a halt at NaN/Inf or an error."""
+        runner = self.runner
+        if runner is None:
+            self.run_paused.emit(RunPaused("failed", 0))
+            return
+        done = 0
+        pending: list[StepRecord] = []
+        last_emit = time.perf_counter()
+        reason = "completed"
+        # A halt is a breakpoint: continuing means taking the next step.
+        runner.halted = False
+        while done < count:
+            if self.stop_requested:
+                reason = "stopped"
+                break
+            if self.pause_requested:
+                reason = "requested"
+                break
+            if not self._apply_pending_settings():
+                reason = "failed"
+                break
+            try:
+                result = runner.step()
+            except Exception as error:  # shown to the user, the app goes on
+                message, details = describe_error(error)
+                self._emit_records(pending)
+                self.run_failed.emit(RunFailed("step", message, details))
+                reason = "failed"
+                break
+            done += 1
+            pending.append(self._record(result))
+            now = time.perf_counter()
+            if now - last_emit >= _EMIT_INTERVAL:
+                self._emit_records(pending)
+                last_emit = now
+            if runner.halted:
+                reason = "nonfinite"
+                break
+        self._emit_records(pending)
+        self.run_paused.emit(RunPaused(reason, done))
+
+    # -- helpers -------------------------------------------------------------------------
+    def _record(self, result: Any) -> StepRecord:
+        watch = self.runner.watch
+        layers = watch.layers if watch is not None else []
+        if self._layer_layout[0] is not layers:
+            self._layer_layout = (
+                layers,
+                tuple(layer.name for layer in layers),
+                tuple(layer.type_name for layer in layers),
+                tuple(layer.num_params for layer in layers),
+            )
+        _, names, types, params = self._layer_layout
+        return StepRecord(result, names, types, params)
+
+    def _emit_records(self, pending: list[StepRecord]) -> None:
+        if pending:
+            self.steps_finished.emit(StepsFinished(list(pending)))
+            pending.clear()
+
+    def _apply_pending_settings(self) -> bool:
+        with self._lock:
+            settings, self._pending_settings = self._pending_settings, None
+        if settings is None:
+            return True
+        runner = self.runner
+        current = runner.settings
+        # The device, seed and image size belong to the model that was built; the GUI
+        # offers a restart for them, so here they keep the run's values.
+        fixed = {name: getattr(current, name) for name in RESTART_SETTINGS}
+        watch_before = runner.watch.layers if runner.watch is not None else None
+        try:
+            runner.apply_settings(settings.replaced(**fixed))
+        except Exception as error:  # a bad layer pattern, a bad value
+            message, details = describe_error(error)
+            self.run_failed.emit(RunFailed("settings", message, details))
+            return False
+        watch_after = runner.watch.layers if runner.watch is not None else None
+        if watch_after is not watch_before:
+            self.watch_changed.emit(WatchChanged(list(watch_after or [])))
+        return True
+
+    def _close_runner(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
+
+    def close(self) -> None:
+        """After the thread has finished: release the engine's hooks."""
+        self._close_runner()
+
+
+class RunThread(QObject):
+    """Owns the run thread and its worker; the GUI talks to this object only.
+
+    Shutdown is request-stop, ``quit()``, ``wait()``: the thread ends after the current
+    step. It is never terminated.
+    """
+
+    load_requested = Signal(object)
+    run_requested = Signal(int)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.thread = QThread()
+        self.thread.setObjectName("gradscope-run")
+        self.worker = RunWorker()
+        self.worker.moveToThread(self.thread)
+        self.load_requested.connect(self.worker.load)
+        self.run_requested.connect(self.worker.run)
+        self.busy = False
+        self.thread.start()
+
+    def load(self, request: LoadRequest) -> None:
+        self.worker.stop_requested = True  # a run still going ends before the load
+        self.busy = True
+        self.load_requested.emit(request)
+
+    def run(self, count: int) -> bool:
+        """Start ``count`` steps unless a request is already going; True when started."""
+        if self.busy or count <= 0:
+            return False
+        self.busy = True
+        self.worker.clear_flags()
+        self.run_requested.emit(count)
+        return True
+
+    def mark_idle(self) -> None:
+        self.busy = False
+
+    def pause(self) -> None:
+        self.worker.pause_requested = True
+
+    def stop(self) -> None:
+        self.worker.stop_requested = True
+
+    def queue_settings(self, settings: Any) -> None:
+        self.worker.queue_settings(settings)
+
+    def shutdown(self) -> None:
+        if not self.thread.isRunning():
+            return
+        self.worker.stop_requested = True
+        self.thread.quit()
+        self.thread.wait()
+        self.worker.close()

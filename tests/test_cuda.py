@@ -1,0 +1,59 @@
+"""CUDA code paths: run only where a GPU exists (skipped cleanly here and in CI)."""
+
+import pytest
+import torch
+from conftest import REPO
+from models.nan_models import BackwardNaN, ForwardNaN
+from torch import nn
+
+from gradscope.core.loading import load_with_settings
+from gradscope.core.origin import locate_first_nonfinite
+from gradscope.core.runner import StepRunner
+from gradscope.core.watch import STATUS_EXPLODING, GradientWatch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+
+
+def test_seed_scenario_on_cuda():
+    loaded, settings = load_with_settings(
+        str(REPO / "sample_models" / "seed_explosion.py"), {"device": "cuda", "steps": 2}
+    )
+    runner = StepRunner(loaded, settings)
+    assert runner.device.type == "cuda"
+    result = runner.step()
+    assert result.stats.status[0] == STATUS_EXPLODING
+
+
+def test_watch_launch_does_not_synchronise():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)]).cuda()
+    watch = GradientWatch(model)
+    model(torch.randn(16, 64, device="cuda")).sum().backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        transfers = watch.launch()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    stats = watch.resolve(transfers)
+    expected = torch.linalg.vector_norm(model[0].weight.grad).item()
+    assert stats.param_grad_norm[0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_half_gradients_on_cuda_have_no_false_inf():
+    model = nn.Linear(1000, 100).cuda().half()
+    watch = GradientWatch(model)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 300.0)
+    stats = watch.collect()
+    assert stats.nonfinite is False
+    assert stats.grad_norm[0] == pytest.approx(300.0 * (1000 * 100 + 100) ** 0.5, rel=1e-3)
+
+
+def test_origins_on_cuda():
+    x = torch.randn(3, 4, device="cuda")
+    model = ForwardNaN().cuda()
+    assert locate_first_nonfinite(model, lambda: model(x).sum()).module == "bad"
+    model = BackwardNaN().cuda()
+    origin = locate_first_nonfinite(model, lambda: model(x).sum())
+    assert (origin.phase, origin.module, origin.tensor) == ("backward", "gate", "scale.grad")

@@ -226,3 +226,23 @@ def trace_step(model: nn.Module, step: int = 0) -> Iterator[StepTrace]:
     finally:
         trace.remove()
     trace.resolve()
+
+
+def first_nonfinite_event(events: list[TraceEvent]) -> int | None:
+    """Index of the first event whose values are non-finite."""
+    return next((i for i, event in enumerate(events) if event.nonfinite), None)
+
+
+def gradients_until(events: list[TraceEvent], cursor: int) -> dict[str, float]:
+    """Per module, the norm of its own parameters' gradients as they stand once the events up
+    to ``cursor`` (inclusive) happened: the gradient-flow chart filling in from the output
+    back to the input as a backward pass is walked."""
+    squares: dict[str, float] = {}
+    seen: dict[str, dict[str, float]] = {}
+    for event in events[: cursor + 1]:
+        if event.phase != BACKWARD or not event.param_norms:
+            continue
+        seen.setdefault(event.module, {}).update(event.param_norms)
+    for module, norms in seen.items():
+        squares[module] = math.sqrt(sum(v * v for v in norms.values()))
+    return squares

@@ -1,0 +1,70 @@
+"""The diagnosis pane: where the first NaN/Inf came from, the values that led there, the hint,
+and the user's source file opened read-only at that line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtGui import QColor, QFont, QTextCursor, QTextFormat
+from PySide6.QtWidgets import QLabel, QPlainTextEdit, QTextEdit, QVBoxLayout, QWidget
+
+from gradscope.core.diagnosis import explain
+from gradscope.core.origin import Origin
+
+_HIGHLIGHT = QColor("#fbd5d5")
+
+
+class DiagnosisPane(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.summary = QLabel("No NaN/Inf so far.")
+        self.summary.setWordWrap(True)
+        self.summary.setTextFormat(self.summary.textFormat().PlainText)
+        self.location = QLabel("")
+        self.source = QPlainTextEdit()
+        self.source.setReadOnly(True)
+        self.source.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        font = QFont("monospace")
+        font.setStyleHint(QFont.StyleHint.Monospace)
+        self.source.setFont(font)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.location)
+        layout.addWidget(self.source, 1)
+        self.origin: Origin | None = None
+        self.highlighted_line: int | None = None
+
+    def show_origin(self, origin: Origin | None) -> None:
+        self.origin = origin
+        self.highlighted_line = None
+        if origin is None:
+            self.summary.setText("No NaN/Inf so far.")
+            self.location.setText("")
+            self.source.setPlainText("")
+            return
+        self.summary.setText("\n".join(explain(origin)))
+        if not origin.file:
+            self.location.setText("(no source line: the operation ran outside Python code)")
+            self.source.setPlainText("")
+            return
+        self.location.setText(f"{origin.file}:{origin.line}")
+        try:
+            text = Path(origin.file).read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            self.source.setPlainText(f"cannot read {origin.file}: {error}")
+            return
+        self.source.setPlainText(text)
+        self._highlight(origin.line or 1)
+
+    def _highlight(self, line: int) -> None:
+        block = self.source.document().findBlockByLineNumber(max(line - 1, 0))
+        cursor = QTextCursor(block)
+        selection = QTextEdit.ExtraSelection()
+        selection.format.setBackground(_HIGHLIGHT)
+        selection.format.setProperty(QTextFormat.Property.FullWidthSelection, True)
+        selection.cursor = cursor
+        self.source.setExtraSelections([selection])
+        self.source.setTextCursor(cursor)
+        self.source.centerCursor()
+        self.highlighted_line = block.blockNumber() + 1

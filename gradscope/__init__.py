@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -16,12 +18,32 @@ if TYPE_CHECKING:
 __all__ = ["__version__", "watch"]
 
 
-def watch(model: Any, layers: Any = None, **options: Any) -> GradientWatch:
+def watch(
+    model: Any,
+    layers: Any = None,
+    *,
+    record: str | os.PathLike[str] | None = None,
+    settings: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> GradientWatch:
     """Watch ``model``'s gradients: call ``.collect()`` after each ``loss.backward()``.
 
     ``layers`` is None (every module that owns parameters) or names/glob patterns of
     ``model.named_modules()``. See :class:`gradscope.core.watch.GradientWatch` for options.
-    """
-    from gradscope.core.watch import GradientWatch
 
-    return GradientWatch(model, layers=layers, **options)
+    ``record="runs/exp1.gsrec"`` also writes every collected step to that recording file
+    (with ``settings``, an optional JSON-able dict, stored alongside; ``overwrite=True``
+    replaces an existing recording): see :class:`gradscope.core.recording.RecordingWatch`.
+    Call ``.close()`` at the end (or use ``with``) so the last steps are flushed.
+    """
+    if record is None:
+        if settings is not None:
+            from gradscope.core.errors import GradScopeError
+
+            raise GradScopeError("settings= is stored in a recording; pass record= too")
+        from gradscope.core.watch import GradientWatch
+
+        return GradientWatch(model, layers=layers, **options)
+    from gradscope.core.recording import RecordingWatch
+
+    return RecordingWatch(model, layers, record=record, settings=settings, **options)

@@ -196,6 +196,73 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _report_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gradscope report",
+        description="Summarise a recording (.gsrec) as `gradscope run` does; the JSON has "
+        "the same schema.",
+    )
+    parser.add_argument("recording", help="a recording written by gradscope.watch(record=...)")
+    parser.add_argument("--json", metavar="PATH", help="write the report as strict JSON")
+    parser.add_argument(
+        "--csv", metavar="PATH", help="write step,layer,statistic... rows of every layer"
+    )
+    parser.add_argument(
+        "--fail-on-nonfinite",
+        action="store_true",
+        help="exit with status 1 when the recording holds a NaN/Inf",
+    )
+    return parser
+
+
+def report_command(argv: Sequence[str]) -> int:
+    """``gradscope report RECORDING``: the summary and JSON of ``run``, from a recording."""
+    args = _report_parser().parse_args(list(argv))
+    from gradscope.core.errors import GradScopeError
+    from gradscope.core.recording import RecordingReader, write_csv
+    from gradscope.core.report import build_report, summary_table, write_json
+    from gradscope.core.watch import STATUS_NONFINITE
+
+    try:
+        with RecordingReader(args.recording) as reader:
+            _, history = reader.load()
+            live = reader.is_live()
+            loss_recorded = reader.loss_recorded
+            source, device = reader.source, reader.device
+        print(f"{source} on {device}: {history.count} step(s)", end="")
+        if loss_recorded.any():
+            losses = history.losses[loss_recorded]
+            print(f", loss {losses[0]:.4g} -> {losses[-1]:.4g}")
+        else:
+            print()
+        if live:
+            print("note: the recording is still being written", file=sys.stderr)
+        print(summary_table(history))
+        origin = history.first_nonfinite
+        if origin is not None:
+            print(f"first non-finite value: {origin.describe()}")
+        if args.json:
+            report = build_report(source, device, history)
+            # A step whose loss was not given is null, as an unwatched layer's value is.
+            report["loss"] = [
+                v if given else None
+                for v, given in zip(report["loss"], loss_recorded.tolist(), strict=True)
+            ]
+            try:
+                write_json(report, args.json)
+            except OSError as error:
+                raise GradScopeError(f"cannot write {args.json}: {error.strerror}") from None
+        if args.csv:
+            write_csv(history, args.csv)
+    except GradScopeError as error:
+        _print_error(error)
+        return EXIT_BAD_INPUT
+    nonfinite = origin is not None or bool((history.status_matrix() == STATUS_NONFINITE).any())
+    if nonfinite and args.fail_on_nonfinite:
+        return EXIT_NONFINITE
+    return EXIT_OK
+
+
 def _versions() -> str:
     import platform
 
@@ -233,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
         return run_command(argv[1:])
+    if argv and argv[0] == "report":
+        return report_command(argv[1:])
     return app_command(argv)
 
 

@@ -12,7 +12,9 @@ Measures, on this machine's CPU:
 3. ``sustained``: wall time per step of appending a long run as fast as possible and
    flushing it (the writer keeping up, nothing dropped);
 4. ``collect``: a real 500-layer model, ``RecordingWatch.collect`` against
-   ``GradientWatch.collect`` in interleaved rounds (the difference is the recording);
+   ``GradientWatch.collect``, alternating step by step; the median of the paired
+   differences is what recording adds to a step, writer thread included (it competes for
+   the GIL and the CPU);
 5. ``load``: a recording of 500 layers x ``--steps`` steps: opening it, a decimated load
    (``load(max_rows=5000)``, what the app needs for a first view), one layer's statistic at
    full resolution (``read_statistic``), following new steps (``read_new_steps``) and a
@@ -99,29 +101,35 @@ def measure_append(watch: GradientWatch, samples: list, steps: int, folder: Path
     }
 
 
-def measure_collect(rounds: int, steps: int, folder: Path) -> dict:
+def measure_collect(pairs: int, folder: Path) -> dict:
+    """Plain and recording watch on the same model, alternating step by step so that
+    machine drift hits both alike; the median of the paired differences is the cost."""
     torch.manual_seed(0)
     model = deep_model()
     x = torch.randn(4, 16)
     plain = GradientWatch(model)
     recording = RecordingWatch(model, record=folder / "collect.gsrec")
-    per_variant: dict[str, list[float]] = {"plain": [], "recording": []}
-    for _ in range(rounds):
-        for name, watch in (("plain", plain), ("recording", recording)):
-            for _ in range(steps):
-                model.zero_grad()
-                loss = model(x).square().mean()
-                loss.backward()
-                t0 = time.perf_counter()
-                watch.collect(loss)
-                per_variant[name].append(time.perf_counter() - t0)
+    times: dict[str, list[float]] = {"plain": [], "recording": []}
+    for pair in range(pairs + 5):
+        order = (("plain", plain), ("recording", recording))
+        for name, watch in order if pair % 2 else order[::-1]:
+            model.zero_grad()
+            loss = model(x).square().mean()
+            loss.backward()
+            t0 = time.perf_counter()
+            watch.collect(loss)
+            if pair >= 5:  # warm-up
+                times[name].append(time.perf_counter() - t0)
     recording.close()
-    plain_ms = 1e3 * statistics.median(per_variant["plain"])
-    recording_ms = 1e3 * statistics.median(per_variant["recording"])
+    differences = [r - p for r, p in zip(times["recording"], times["plain"], strict=True)]
     return {
-        "collect_plain_median_ms": plain_ms,
-        "collect_recording_median_ms": recording_ms,
-        "recording_overhead_ms": recording_ms - plain_ms,
+        "pairs": pairs,
+        "collect_plain_median_ms": 1e3 * statistics.median(times["plain"]),
+        "collect_recording_median_ms": 1e3 * statistics.median(times["recording"]),
+        "paired_difference_median_ms": 1e3 * statistics.median(differences),
+        "paired_difference_quartiles_ms": [
+            1e3 * q for q in statistics.quantiles(differences, n=4)[::2]
+        ],
     }
 
 
@@ -199,7 +207,7 @@ def main() -> None:
     }
     results["append"] = measure_append(watch, samples, args.append_steps, folder)
     print("append:", json.dumps(results["append"], indent=1))
-    results["collect"] = measure_collect(rounds=5, steps=40, folder=folder)
+    results["collect"] = measure_collect(pairs=300, folder=folder)
     print("collect:", json.dumps(results["collect"], indent=1))
 
     big = folder / "big.gsrec"

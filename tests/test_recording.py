@@ -226,9 +226,7 @@ def test_sigkill_mid_run_leaves_every_committed_step(tmp_path):
         child.wait()
     assert child.returncode == -signal.SIGKILL
 
-    connection = sqlite3.connect(path)
-    assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    connection.close()
+    assert os.path.exists(f"{path}-wal")  # as the killed writer left it
     reader = RecordingReader(path)
     assert not reader.is_live() and not reader.is_finished()
     _, history = reader.load()
@@ -241,6 +239,9 @@ def test_sigkill_mid_run_leaves_every_committed_step(tmp_path):
         assert history.series("grad_norm", "0")[step] == np.float32(norm)
         assert history.losses[step] == loss
     reader.close()
+    connection = sqlite3.connect(path)
+    assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    connection.close()
 
     # The dead writer's lock is stale at once: the file can be written again.
     with pytest.raises(GradScopeError, match="already exists"):

@@ -59,7 +59,6 @@ import dataclasses
 import json
 import math
 import os
-import queue
 import socket
 import sqlite3
 import sys
@@ -67,6 +66,7 @@ import threading
 import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -319,7 +319,12 @@ class RecordingWriter:
         self._closed = False
         self._failure: BaseException | None = None
         self._token = uuid.uuid4().hex
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, int(max_pending)))
+        self.max_pending = max(1, int(max_pending))
+        # A deque, not a queue.Queue: appending takes no lock and wakes nobody, so the writer
+        # thread sleeps until a commit is due and then takes the GIL once for the whole batch
+        # instead of once per step (each hand-off can stall the training thread).
+        self._pending: deque[Any] = deque()
+        self._wake = threading.Event()
         self._connection = self._open(overwrite)
         try:
             self._write_header(tree, settings, info or {})
@@ -454,13 +459,14 @@ class RecordingWriter:
         if self._failure is not None:
             self.dropped += 1
             return False
-        item = (stats, layers, loss, origin, self._unreported_drops)
-        try:
-            if origin is None:
-                self._queue.put_nowait(item)
-            else:
-                self._queue.put(item, timeout=ORIGIN_WAIT_SECONDS)
-        except queue.Full:
+        pending = self._pending
+        if len(pending) >= self.max_pending and origin is not None:
+            # The first NaN/Inf's step is the one a user opens the recording for: wait.
+            waited_until = time.monotonic() + ORIGIN_WAIT_SECONDS
+            while len(pending) >= self.max_pending and time.monotonic() < waited_until:
+                self._wake.set()
+                time.sleep(0.005)
+        if len(pending) >= self.max_pending:
             self.dropped += 1
             self._unreported_drops += 1
             if not self._warned:
@@ -471,8 +477,12 @@ class RecordingWriter:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+            self._wake.set()
             return False
+        pending.append((stats, layers, loss, origin, self._unreported_drops))
         self._unreported_drops = 0
+        if len(pending) >= self.commit_steps:
+            self._wake.set()
         return True
 
     def flush(self, timeout: float | None = 30.0) -> None:
@@ -480,7 +490,8 @@ class RecordingWriter:
         if self._closed or not self._thread.is_alive():
             return
         done = threading.Event()
-        self._queue.put(done)
+        self._pending.append(done)
+        self._wake.set()
         done.wait(timeout)
         self._raise_failure()
 
@@ -491,7 +502,8 @@ class RecordingWriter:
         self._closed = True
         atexit.unregister(self.close)
         if self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._pending.append(_STOP)
+            self._wake.set()
             self._thread.join()
         self._raise_failure()
 
@@ -516,37 +528,31 @@ class RecordingWriter:
     # -- the writer thread ------------------------------------------------------------
     def _run(self) -> None:
         started = time.thread_time()
-        batch = _Batch()
-        deadline = math.inf
         last_commit = time.monotonic()
+        stopping = False
         try:
-            while True:
+            while not stopping:
+                # Sleep until a commit is due; the training thread wakes us early for a full
+                # batch, a full queue, a flush or close.
+                self._wake.wait(self.commit_seconds)
+                self._wake.clear()
+                batch, markers = _Batch(), []
+                pending = self._pending
+                while pending:
+                    item = pending.popleft()
+                    if item is _STOP:
+                        stopping = True
+                    elif isinstance(item, threading.Event):
+                        markers.append(item)
+                    else:
+                        self._pack(batch, *item)
                 now = time.monotonic()
-                wait = min(deadline, last_commit + HEARTBEAT_SECONDS) - now
-                try:
-                    item = self._queue.get(timeout=max(wait, 0.0))
-                except queue.Empty:
-                    item = None
-                if item is _STOP:
-                    break
-                if isinstance(item, threading.Event):
-                    self._commit(batch)
-                    batch, deadline, last_commit = _Batch(), math.inf, time.monotonic()
-                    item.set()
-                    continue
-                if item is not None:
-                    if not batch:
-                        deadline = time.monotonic() + self.commit_seconds
-                    self._pack(batch, *item)
-                now = time.monotonic()
-                if (
-                    len(batch) >= self.commit_steps
-                    or now >= deadline
-                    or (now >= last_commit + HEARTBEAT_SECONDS)
-                ):
-                    self._commit(batch)  # an empty batch still refreshes the heartbeat
-                    batch, deadline, last_commit = _Batch(), math.inf, now
-            self._commit(batch, finished=True)
+                if batch or markers or stopping or now >= last_commit + HEARTBEAT_SECONDS:
+                    # An empty batch still refreshes the heartbeat that marks the lock live.
+                    self._commit(batch, finished=stopping)
+                    last_commit = now
+                for marker in markers:
+                    marker.set()
         except BaseException as error:  # disk full, file removed, lock taken over...
             self._failure = error
             warnings.warn(
@@ -561,12 +567,9 @@ class RecordingWriter:
                 pass
 
     def _drain(self) -> None:
-        # Unblock flush() callers and an origin step waiting for room after a failure.
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
+        # Unblock flush() callers after a failure; the queued steps are lost.
+        while self._pending:
+            item = self._pending.popleft()
             if isinstance(item, threading.Event):
                 item.set()
 
@@ -946,6 +949,11 @@ class RecordingReader:
 
     @property
     def layer_names(self) -> list[str]:
+        """The recorded layers, in order of first appearance (history columns)."""
+        try:
+            self._refresh_layers()
+        except sqlite3.DatabaseError as error:
+            raise _damaged(self.path, error) from None
         return list(self._layer_names)
 
     # -- loading ----------------------------------------------------------------------
@@ -1169,28 +1177,50 @@ class RecordingReader:
         if layer not in self._layer_names:
             raise GradScopeError(f"the recording has no layer {layer!r}")
         position = self._layer_names.index(layer)
-        stop = self.row_count() if stop_row is None else stop_row
-        found = self._query(
-            f"SELECT s.row, s.step, s.layer_set, v.data FROM steps AS s "
-            f"LEFT JOIN {statistic} AS v ON v.row = s.row "
-            "WHERE s.row >= ? AND s.row < ? AND (s.row - ?) % ? = 0 ORDER BY s.row",
-            (start_row, stop, start_row, max(1, stride)),
-        )
         dtype = np.uint8 if statistic == "status" else np.float32
-        missing = STATUS_MISSING if statistic == "status" else MISSING
-        steps = np.array([r[1] for r in found], dtype=np.int64)
-        values = np.full(len(found), missing, dtype=dtype)
-        index_in_set: dict[int, int] = {}
-        for set_id, positions in self._sets.items():
-            hits = np.flatnonzero(positions == position)
-            index_in_set[set_id] = int(hits[0]) if len(hits) else -1
-        for i, (_row, _step, set_id, blob) in enumerate(found):
-            index = index_in_set.get(int(set_id), -1)
-            if blob is not None and index >= 0:
-                values[i] = np.frombuffer(
-                    blob, dtype=dtype, count=1, offset=index * values.itemsize
-                )[0]
-        return steps, values
+        size = np.dtype(dtype).itemsize
+        stride = max(1, int(stride))
+        connection = self._connection
+        try:
+            connection.execute("BEGIN")  # one snapshot for both queries
+            try:
+                stop = self.row_count() if stop_row is None else stop_row
+                window = "s.row >= ? AND s.row < ? AND (s.row - ?) % ? = 0"
+                bounds = (start_row, stop, start_row, stride)
+                table = np.array(
+                    connection.execute(
+                        f"SELECT s.row, s.step FROM steps AS s WHERE {window} ORDER BY s.row",
+                        bounds,
+                    ).fetchall(),
+                    dtype=np.int64,
+                ).reshape(-1, 2)
+                values = np.full(
+                    len(table), STATUS_MISSING if statistic == "status" else MISSING, dtype=dtype
+                )
+                for set_id, positions in self._sets.items():
+                    hits = np.flatnonzero(positions == position)
+                    if not len(hits):
+                        continue
+                    # Only the layer's 4 bytes of each step's BLOB leave SQLite.
+                    found = connection.execute(
+                        f"SELECT s.row, substr(v.data, ?, ?) FROM steps AS s "
+                        f"JOIN {statistic} AS v ON v.row = s.row "
+                        f"WHERE s.layer_set = ? AND {window} ORDER BY s.row",
+                        (int(hits[0]) * size + 1, size, set_id, *bounds),
+                    ).fetchall()
+                    if found:
+                        rows = np.fromiter((r for r, _ in found), dtype=np.int64, count=len(found))
+                        flat = np.frombuffer(b"".join(b for _, b in found), dtype=dtype)
+                        if len(flat) != len(found):
+                            raise ValueError(f"{statistic} values do not match their layers")
+                        values[np.searchsorted(table[:, 0], rows)] = flat
+            finally:
+                connection.execute("COMMIT")
+        except sqlite3.DatabaseError as error:
+            raise _damaged(self.path, error) from None
+        except ValueError as error:
+            raise _damaged(self.path, error) from None
+        return table[:, 1].copy(), values
 
 
 # -- export -------------------------------------------------------------------------------

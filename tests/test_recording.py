@@ -391,6 +391,10 @@ def test_follow_picks_up_new_steps_while_the_writer_writes(tmp_path):
     assert any(e.kind == "nonfinite" and e.step == 9 for e in history.events)
     assert history.worst("3") == "nonfinite"
 
+    RecordingWriter(path, overwrite=True).close()  # a new run in the same file
+    with pytest.raises(GradScopeError, match="replaced by a new recording"):
+        reader.read_new_steps(history)
+
 
 def test_layers_changing_mid_run_and_decimated_load(tmp_path):
     path = tmp_path / "layers.gsrec"
@@ -558,3 +562,30 @@ def test_csv_export_values(tmp_path):
     assert write_csv(history, tmp_path / "one.csv", layers=["3"]) == 6
     with pytest.raises(GradScopeError, match="no layer 'nope'"):
         write_csv(history, tmp_path / "x.csv", layers=["nope"])
+
+
+def test_steps_without_loss_and_the_split_launch_resolve_api(tmp_path, capsys):
+    path = tmp_path / "noloss.gsrec"
+    model = small_model()
+    with gradscope.watch(model, record=path) as watch:
+        for _ in range(2):
+            model.zero_grad()
+            model(torch.randn(4, 6)).sum().backward()
+            watch.collect()  # no loss given
+        model.zero_grad()
+        loss = model(torch.randn(4, 6)).sum()
+        loss.backward()
+        resolved = watch.resolve(watch.launch(loss))  # the split API is recorded too
+    reader = RecordingReader(path)
+    _, history = reader.load()
+    assert history.count == 3 and reader.loss_recorded.tolist() == [False, False, True]
+    assert history.losses[2] == resolved.loss
+    np.testing.assert_array_equal(
+        history.matrix("grad_norm")[2], resolved.grad_norm.astype(np.float32)
+    )
+    out_json = tmp_path / "noloss.json"
+    assert main(["report", str(path), "--json", str(out_json), "--fail-on-nonfinite"]) == 0
+    out = capsys.readouterr().out
+    assert ": 3 step(s), loss" in out and "first non-finite" not in out
+    data = json.loads(out_json.read_text())
+    assert data["loss"][:2] == [None, None] and data["loss"][2] == resolved.loss

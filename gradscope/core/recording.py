@@ -24,10 +24,12 @@ while the writer appends and a committed transaction survives the writer being k
 (``synchronous=NORMAL``: an application crash loses nothing committed; a power cut may lose
 the last commits, never the file's consistency).
 
-Writing (:class:`RecordingWriter`): the training thread only puts the step's
-:class:`~gradscope.core.watch.StepStats` on a bounded queue (a few microseconds); a
-background thread packs the values and commits in batches, about once a second or every
-``commit_steps`` steps, whichever comes first. When the queue is full (the disk has fallen
+Writing (:class:`RecordingWriter`): the training thread only appends the step's
+:class:`~gradscope.core.watch.StepStats` to a bounded queue (a deque: no lock, no wake-up,
+under a microsecond); a background thread sleeps until a commit is due, then packs the
+batch and commits it, about once a second or every ``commit_steps`` steps, whichever comes
+first. Waking once per commit rather than once per step matters: every time the writer
+thread takes the GIL it can stall the training thread. When the queue is full (the disk has fallen
 ``max_pending`` steps behind), the step is dropped from the recording rather than stalling
 training, counted in :attr:`RecordingWriter.dropped`, warned about once, and the recording
 gets a ``gap`` event naming the missing steps. The one exception is the step that carries
@@ -766,7 +768,11 @@ class RecordingWatch(GradientWatch):
     non-finite.
 
     With ``update_ratio=True`` a step is written at the next ``collect()`` (or ``close()``),
-    once its optimizer step has been measured.
+    once its optimizer step has been measured. ``commit_seconds``: how often the writer
+    commits (at most that much is lost if the process is killed).
+
+    Steps are recorded where the statistics are made (``resolve``), so callers of the
+    split ``launch()``/``resolve()`` API are recorded too.
     """
 
     def __init__(
@@ -801,10 +807,17 @@ class RecordingWatch(GradientWatch):
             raise
         self._held: tuple[StepStats, Origin | None] | None = None
         self._origin_found = False
+        self._locate: Callable[[], torch.Tensor] | None = None
+        self._last_recorded: StepStats | None = None
 
     @property
     def path(self) -> Path:
         return self.recording.path
+
+    def resolve(self, transfers: list) -> StepStats:
+        stats = super().resolve(transfers)
+        self._record(stats, self._locate)
+        return stats
 
     def collect(
         self,
@@ -812,10 +825,22 @@ class RecordingWatch(GradientWatch):
         *,
         locate: Callable[[], torch.Tensor] | None = None,
     ) -> StepStats:
+        """The step's statistics, as :meth:`GradientWatch.collect`, also recorded.
+        ``locate``: see the class docstring."""
+        self._locate = locate
+        try:
+            stats = super().collect(loss)
+        finally:
+            self._locate = None
+        if stats is not self._last_recorded:  # should collect() ever bypass resolve()
+            self._record(stats, locate)
+        return stats
+
+    def _record(self, stats: StepStats, locate: Callable[[], torch.Tensor] | None) -> None:
+        self._last_recorded = stats
         if self._held is not None:
             self._send(*self._held)
             self._held = None
-        stats = super().collect(loss)
         origin = None
         if stats.nonfinite and not self._origin_found:
             self._origin_found = True
@@ -824,14 +849,14 @@ class RecordingWatch(GradientWatch):
             self._held = (stats, origin)
         else:
             self._send(stats, origin)
-        return stats
 
     def _send(self, stats: StepStats, origin: Origin | None) -> None:
         self.recording.append(stats, self.layers, origin=origin)
 
     def _find_origin(self, stats: StepStats, locate: Callable[[], torch.Tensor] | None) -> Origin:
         if locate is not None:
-            found = locate_first_nonfinite(self.model, locate, stats.step)
+            with torch.enable_grad():
+                found = locate_first_nonfinite(self.model, locate, stats.step)
             if found is not None:
                 return found
         kind = (
@@ -886,6 +911,7 @@ class RecordingReader:
         try:
             meta = _read_meta(self._connection, self.path)
             self.format_version: int = meta["format_version"]
+            self._created = meta.get("created")
             self.settings: dict[str, Any] = json.loads(meta["settings"] or "null") or {}
             self.info: dict[str, str] = {
                 key[5:]: value for key, value in meta.items() if key.startswith("info.")
@@ -1008,6 +1034,11 @@ class RecordingReader:
 
     def _read_block(self, history: RunHistory, stride: int) -> int:
         connection = self._connection
+        created = connection.execute("SELECT value FROM meta WHERE key = 'created'").fetchone()
+        if created is None or created[0] != self._created:
+            raise GradScopeError(
+                f"{self.path} was replaced by a new recording while it was open; open it again"
+            )
         self._refresh_layers()
         last = self._last_row
         if stride > 1:

@@ -15,9 +15,11 @@ from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
+    QColor,
     QDragEnterEvent,
     QDropEvent,
     QKeySequence,
+    QPalette,
     QShowEvent,
 )
 from PySide6.QtWidgets import (
@@ -111,6 +113,7 @@ class MainWindow(QMainWindow):
         self._colors: dict[str, Any] = {}
         self._layer_order: list[str] = []
         self._layout_done = False
+        self._next_refresh = 0.0
         self._state_restored = False
 
         self.run_thread = RunThread(self)
@@ -155,10 +158,15 @@ class MainWindow(QMainWindow):
         header.setStretchLastSection(False)
         header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Stretch)
         header.setMinimumSectionSize(40)
-        for column, width in ((TYPE, 80), (PARAMS, 58), (GRAD_NORM, 74), (STATUS, 84)):
+        for column, width in ((TYPE, 88), (PARAMS, 58), (GRAD_NORM, 74), (STATUS, 84)):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.Interactive)
             header.resizeSection(column, width)
         self.tree_view.setIndentation(14)
+        # A translucent selection, so the red of a selected NaN/Inf row still shows.
+        palette = self.tree_view.palette()
+        palette.setColor(QPalette.ColorRole.Highlight, QColor(40, 110, 220, 70))
+        palette.setColor(QPalette.ColorRole.HighlightedText, QColor("black"))
+        self.tree_view.setPalette(palette)
         self.tree_view.selectionModel().currentRowChanged.connect(
             self._on_tree_view_current_row_changed)
         self.filter_edit = QLineEdit()
@@ -527,8 +535,13 @@ class MainWindow(QMainWindow):
             self.tree_view.expandAll()
 
     def _on_refresh_timer_timeout(self) -> None:
-        if self._dirty:
+        # Long histories make a redraw costly: then redraw less often, so the event loop
+        # (menus, zoom, the tree) always has most of the time.
+        if self._dirty and time.perf_counter() >= self._next_refresh:
+            started = time.perf_counter()
             self._refresh()
+            cost = time.perf_counter() - started
+            self._next_refresh = started + max(REFRESH_INTERVAL_MS / 1000, 4 * cost)
 
     def _on_open_action_triggered(self) -> None:
         start = str(Path(self.source).parent) if self.source and self.source.endswith(".py") \

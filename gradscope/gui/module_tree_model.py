@@ -43,6 +43,15 @@ _Index = QModelIndex | QPersistentModelIndex
 _ROOT = QModelIndex()
 
 
+def format_count(count: int) -> str:
+    """A parameter count short enough for its column: 73,984, 148k, 11.69M."""
+    if count < 100_000:
+        return f"{count:,}"
+    if count < 1_000_000:
+        return f"{count / 1e3:.0f}k"
+    return f"{count / 1e6:.2f}M"
+
+
 class ModuleTreeModel(QAbstractItemModel):
     watched_layers_edited = Signal(list)  # the layer names the user now wants watched
 
@@ -270,7 +279,7 @@ class ModuleTreeModel(QAbstractItemModel):
         if column == TYPE:
             return node.type_name
         if column == PARAMS:
-            return f"{node.total_params:,}" if node.total_params else ""
+            return format_count(node.total_params) if node.total_params else ""
         if column == GRAD_NORM:
             value = self._norm.get(node.name)
             return format_value(value) if value is not None else ""

@@ -30,6 +30,7 @@ from gradscope.gui.status_style import (
 
 _HOVER_PIXELS = 9
 _LEGEND_MAX = 12
+_EDGE_LEGEND = "\x00edge"
 _LEFT_AXIS_WIDTH = 64
 _MISSING_COLOR = (236, 236, 236, 255)
 _NONFINITE_RGBA = (214, 39, 40, 255)
@@ -125,9 +126,9 @@ class GradientNormPlot(QWidget):
         self.item.getAxis("left").setWidth(_LEFT_AXIS_WIDTH)
         self.item.setClipToView(True)
         self.item.setDownsampling(auto=True, mode="peak")
-        self.legend = pg.LegendItem(offset=(-10, 10), labelTextSize="8pt")
+        self.legend = pg.LegendItem(offset=(10, 6), labelTextSize="8pt")
         self.legend.setParentItem(self.item.vb)
-        self.legend.setBrush(pg.mkBrush(255, 255, 255, 170))
+        self.legend.setBrush(pg.mkBrush(255, 255, 255, 150))
         self.legend.setPen(pg.mkPen(200, 200, 200))
         self._legend_names: list[str] = []
         self.curves: dict[str, pg.PlotDataItem] = {}
@@ -136,7 +137,9 @@ class GradientNormPlot(QWidget):
         self._steps = np.zeros(0)
         self._visible: list[str] = []
         self._edge_points: list[tuple[str, int, float, bool]] = []  # layer, step, value, top
-        self.markers = pg.ScatterPlotItem(size=11, pxMode=True)
+        self.markers = pg.ScatterPlotItem(size=13, pxMode=True, symbol="x",
+                                          brush=pg.mkBrush(NONFINITE_MARKER_COLOR),
+                                          pen=pg.mkPen(NONFINITE_MARKER_COLOR, width=2.5))
         self.markers.setZValue(20)
         self.item.addItem(self.markers, ignoreBounds=True)
         self.step_line = pg.InfiniteLine(
@@ -167,7 +170,7 @@ class GradientNormPlot(QWidget):
             color = view.colors.get(name, QColor("#1f77b4"))
             if curve is None:
                 curve = pg.PlotDataItem(name=name or "(model)", connect="finite")
-                curve.setPen(pg.mkPen(color, width=1.6))
+                curve.setPen(pg.mkPen(color, width=1))
                 self.item.addItem(curve)
                 self.curves[name] = curve
             shown = name in view.visible
@@ -193,11 +196,16 @@ class GradientNormPlot(QWidget):
 
     def _update_legend(self, visible: list[str]) -> None:
         shown = visible[:_LEGEND_MAX] if len(visible) <= _LEGEND_MAX else []
+        if self._edge_points:
+            shown = [*shown, _EDGE_LEGEND]
         if shown == self._legend_names:
             return
         self.legend.clear()
         for name in shown:
-            self.legend.addItem(self.curves[name], _elide(name, 30))
+            if name == _EDGE_LEGEND:
+                self.legend.addItem(self.markers, "NaN/Inf (top edge), 0 (bottom)")
+            else:
+                self.legend.addItem(self.curves[name], _elide(name, 30))
         self._legend_names = shown
         self.legend.setVisible(bool(shown))
 
@@ -205,8 +213,13 @@ class GradientNormPlot(QWidget):
         for name, curve in self.curves.items():
             pen = curve.opts["pen"]
             color = pg.mkPen(pen).color()
-            width = 3.2 if name == layer else 1.6
-            curve.setPen(pg.mkPen(color, width=width))
+            # Qt strokes antialiased pens wider than 1 px very slowly (seconds for a
+            # 10,000-point curve), so only the one highlighted curve is wide, and not
+            # antialiased.
+            selected = name == layer
+            curve.setPen(pg.mkPen(color, width=2.6 if selected else 1))
+            curve.opts["antialias"] = not selected
+            curve.curve.opts["antialias"] = not selected
             curve.setZValue(10 if name == layer else 0)
         self.step_line.setVisible(step is not None)
         if step is not None:
@@ -301,7 +314,7 @@ class LossPlot(QWidget):
         self.item = self.widget.getPlotItem()
         self.item.setLabel("bottom", "step")
         self.item.getAxis("left").setWidth(56)
-        self.curve = pg.PlotDataItem(pen=pg.mkPen("#333", width=1.6), connect="finite")
+        self.curve = pg.PlotDataItem(pen=pg.mkPen("#333", width=1), connect="finite")
         self.item.addItem(self.curve)
         self.markers = pg.ScatterPlotItem(size=11, symbol="x",
                                           pen=pg.mkPen(NONFINITE_MARKER_COLOR, width=2.5))
@@ -493,10 +506,12 @@ class GradientFlowPlot(QWidget):
         self.item.addItem(self.bars)
         self.explode_line = pg.InfiniteLine(
             angle=90, pen=pg.mkPen(STATUS_COLORS[2], width=1.5, style=Qt.PenStyle.DashLine),
-            label="explode", labelOpts={"position": 0.04, "color": STATUS_COLORS[2]})
+            label="explode", labelOpts={"position": 0.96, "color": STATUS_COLORS[2],
+                                        "fill": (255, 255, 255, 220)})
         self.vanish_line = pg.InfiniteLine(
             angle=90, pen=pg.mkPen(STATUS_COLORS[1], width=1.5, style=Qt.PenStyle.DashLine),
-            label="vanish", labelOpts={"position": 0.04, "color": STATUS_COLORS[1]})
+            label="vanish", labelOpts={"position": 0.96, "color": STATUS_COLORS[1],
+                                       "fill": (255, 255, 255, 220)})
         for line in (self.explode_line, self.vanish_line):
             self.item.addItem(line)
         self.selected_box = pg.InfiniteLine(angle=0, pen=pg.mkPen("#000", width=1,

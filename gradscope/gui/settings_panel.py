@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradscope.core.settings import OPTIMIZERS, RunSettings
+from gradscope.core.settings import OPTIMIZERS, SETTING_NAMES, RunSettings
 from gradscope.gui.worker import RESTART_SETTINGS
 
 
@@ -137,6 +137,16 @@ class SettingsPanel(QScrollArea):
             "like a breakpoint: the step's optimizer update is not applied, so weights and "
             "gradients stay as they were (off: keep going)")
         self.update_ratio = QCheckBox("measure update ratio ‖Δw‖/‖w‖")
+        # Newer engine settings, shown when the engine has them.
+        self.trace = QCheckBox("trace forward/backward order") if "trace" in SETTING_NAMES \
+            else None
+        self.rewind_depth = QSpinBox() if "rewind_depth" in SETTING_NAMES else None
+        if self.trace is not None:
+            self.trace.setToolTip("record the order of forward and backward events each step")
+        if self.rewind_depth is not None:
+            self.rewind_depth.setRange(0, 1000)
+            self.rewind_depth.setToolTip("steps the run can go back to (keeps a copy of the "
+                                         "weights and optimizer state per step)")
 
         restart = " ⟳"
         form.addRow("Device" + restart, self.device)
@@ -154,6 +164,10 @@ class SettingsPanel(QScrollArea):
         form.addRow("Vanish below", self.vanish_threshold)
         form.addRow("", self.pause_at_nonfinite)
         form.addRow("", self.update_ratio)
+        if self.trace is not None:
+            form.addRow("", self.trace)
+        if self.rewind_depth is not None:
+            form.addRow("Rewind depth", self.rewind_depth)
         note = QLabel(
             "Changes apply from the next step, also while paused. "
             "⟳ marks settings that take effect at the next restart (Run ▸ Restart).")
@@ -166,7 +180,12 @@ class SettingsPanel(QScrollArea):
         outer.addWidget(self.restart_note)
         outer.addStretch(1)
 
-        for spin in (self.steps, self.batch_size, self.seed, self.image_size):
+        spins = [self.steps, self.batch_size, self.seed, self.image_size]
+        if self.rewind_depth is not None:
+            spins.append(self.rewind_depth)
+        if self.trace is not None:
+            self.trace.toggled.connect(self._on_widget_edited)
+        for spin in spins:
             spin.editingFinished.connect(self._on_widget_edited)
             spin.valueChanged.connect(self._on_spin_changed)
         for edit in (self.lr, self.momentum, self.weight_decay, self.loss_scale, self.clip,
@@ -220,6 +239,10 @@ class SettingsPanel(QScrollArea):
             self.vanish_threshold.set_value(settings.vanish_threshold)
             self.pause_at_nonfinite.setChecked(not settings.keep_going)
             self.update_ratio.setChecked(settings.update_ratio)
+            if self.trace is not None:
+                self.trace.setChecked(bool(getattr(settings, "trace", False)))
+            if self.rewind_depth is not None:
+                self.rewind_depth.setValue(int(getattr(settings, "rewind_depth", 0)))
             self._base = settings
             if running is not None:
                 self._running_settings = running
@@ -229,8 +252,14 @@ class SettingsPanel(QScrollArea):
 
     def settings(self) -> RunSettings:
         """The panel's values as RunSettings (layers as last set, kept from the base)."""
+        newer: dict[str, object] = {}
+        if self.trace is not None:
+            newer["trace"] = self.trace.isChecked()
+        if self.rewind_depth is not None:
+            newer["rewind_depth"] = self.rewind_depth.value()
         return dataclasses.replace(
             self._base,
+            **newer,
             device=self.device.currentText(),
             steps=self.steps.value(),
             batch_size=self.batch_size.value(),

@@ -1,7 +1,13 @@
 """The seed scenario: MSE loss multiplied by 5e10 makes critical_layer's gradient explode.
 
-GradScope should report: critical_layer and output_layer "exploding" from step 0 (gradient
-norms around 1e10-1e11, far above the 1000 threshold); no NaN/Inf.
+``SimpleModel``: ``critical_layer = nn.Linear(10, 50)``, ReLU, ``output_layer = nn.Linear(50,
+1)``, batches of 5x10, MSE loss multiplied by 5e10 (the ``loss_scale`` setting). This is the
+model the app opens on. The learning rate is tiny, so the weights barely move and the
+gradients stay huge but finite.
+
+GradScope should report: no NaN/Inf; ``critical_layer`` and ``output_layer`` "exploding" at
+every one of the 10 steps, from step 0, their gradient norms (``critical_layer.weight``'s
+included) between 1e10 and 1e12, far above the 1000 threshold.
 """
 
 import torch

@@ -4,16 +4,19 @@ with no GradScope traceback."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
 
 from gradscope.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
 
 GOOD = """
 import torch
 from torch import nn
+
 def build_model():
     return nn.Sequential(nn.Linear(10, 50), nn.ReLU(), nn.Linear(50, 1))
 def make_batch(batch_size, device):

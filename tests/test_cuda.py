@@ -1,8 +1,9 @@
 """CUDA code paths: run only where a GPU exists (skipped cleanly here and in CI)."""
 
+from pathlib import Path
+
 import pytest
 import torch
-from conftest import REPO
 from models.nan_models import BackwardNaN, ForwardNaN
 from torch import nn
 
@@ -10,6 +11,9 @@ from gradscope.core.loading import load_with_settings
 from gradscope.core.origin import locate_first_nonfinite
 from gradscope.core.runner import StepRunner
 from gradscope.core.watch import STATUS_EXPLODING, GradientWatch
+
+REPO = Path(__file__).resolve().parents[1]
+
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 

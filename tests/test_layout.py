@@ -3,8 +3,10 @@
 import ast
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[1]
+
 
 QT_MODULES = ("PySide6", "pyqtgraph", "PyQt5", "PyQt6", "shiboken6")
 

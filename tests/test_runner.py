@@ -2,9 +2,9 @@
 with and without the watch, torchvision models, settings changed between steps."""
 
 import math
+from pathlib import Path
 
 import torch
-from conftest import REPO
 
 from gradscope.core.history import RunHistory
 from gradscope.core.loading import load_with_settings
@@ -12,11 +12,14 @@ from gradscope.core.runner import StepRunner
 from gradscope.core.settings import RunSettings
 from gradscope.core.watch import STATUS_EXPLODING, STATUS_OK
 
+REPO = Path(__file__).resolve().parents[1]
+
 SEED_SCRIPT = str(REPO / "sample_models" / "seed_explosion.py")
 
 NAN_SCRIPT = """
 import torch
 from torch import nn
+
 
 CONFIG = {"steps": 6, "batch_size": 4, "lr": 0.1}
 

@@ -2,16 +2,18 @@
 module; nothing hooked when off; rewind reproduces losses bit for bit."""
 
 import json
+from pathlib import Path
 
 import torch
 import torchvision
-from conftest import REPO
 from torch import nn
 
 from gradscope.cli import main
 from gradscope.core.loading import load_with_settings
 from gradscope.core.runner import StepRunner
 from gradscope.core.trace import trace_step
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _events(model, x):

@@ -13,11 +13,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
 from torch import nn
 
 import gradscope
@@ -33,6 +33,8 @@ from gradscope.core.recording import (
     write_csv,
 )
 from gradscope.core.watch import STATUS_NONFINITE, GradientWatch
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Gate(nn.Module):
@@ -206,24 +208,24 @@ def test_sigkill_mid_run_leaves_every_committed_step(tmp_path):
     path = tmp_path / "killed.gsrec"
     script = tmp_path / "train.py"
     script.write_text(CHILD.format(repo=str(REPO), path=str(path)))
-    child = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
     printed: list[tuple[float, int, float, float]] = []
-    try:
-        assert child.stdout is not None
-        while True:
-            line = child.stdout.readline()
-            assert line, child.stderr.read() if child.stderr else "child ended"
-            step, norm, loss = line.split()
-            printed.append((time.monotonic(), int(step), float(norm), float(loss)))
-            if printed[-1][0] - printed[0][0] > 2.5:
-                break
-        killed_at = time.monotonic()
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.kill()
-        child.wait()
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stderr is not None
+            while True:
+                line = child.stdout.readline()
+                assert line, child.stderr.read()
+                step, norm, loss = line.split()
+                printed.append((time.monotonic(), int(step), float(norm), float(loss)))
+                if printed[-1][0] - printed[0][0] > 2.5:
+                    break
+            killed_at = time.monotonic()
+            child.send_signal(signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait()
     assert child.returncode == -signal.SIGKILL
 
     assert os.path.exists(f"{path}-wal")  # as the killed writer left it
@@ -465,6 +467,7 @@ def test_steps_are_dropped_not_waited_for_when_the_disk_stalls(tmp_path):
 NAN_SCRIPT = """
 import torch
 from torch import nn
+
 class Log(nn.Module):
     def forward(self, x):
         return torch.log(x - x.max())

@@ -25,6 +25,14 @@ STATUS_OK, STATUS_VANISHING, STATUS_EXPLODING, STATUS_NONFINITE = 0, 1, 2, 3
 STATUS_NAMES = ("ok", "vanishing", "exploding", "nonfinite")
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
+# Gradients whose sums of squares the CPU path takes as dot products.
+_DOT_DTYPES = (torch.float32, torch.float64)
+# By accumulation dtype: the max |g| under which squares underflow and a norm (torch's own
+# included) loses precision or reads 0; such parameters are recomputed exactly in resolve.
+_TINY = {torch.float32: 1e-15, torch.float64: 1e-140}
+# Device types that take the per-tensor path (dot + aminmax) rather than the fused
+# ``_foreach_norm`` one; the tests also run the fused path on CPU by emptying this.
+_PER_TENSOR_DEVICES: tuple[str, ...] = ("cpu",)
 
 
 @dataclass(frozen=True)
@@ -86,16 +94,67 @@ def classify(
 
 @dataclass
 class _Group:
-    """Parameters sharing a device and dtype when the watch was made: one set of foreach
-    calls each. (Moving the model afterwards is fine: devices and dtypes are read again
-    from the gradients at every step.)"""
+    """Parameters sharing a device and dtype when the watch was made: one batch of calls
+    each. (Moving the model afterwards is fine: devices and dtypes are read again from the
+    gradients at every step.) The lists are built once; only ``.grad`` is read per step."""
 
     indices: list[int]
     params: list[torch.Tensor]
+    index_array: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    # Positions (in ``params``) of parameters with no elements: aminmax cannot reduce them.
+    empty: frozenset[int] = frozenset()
+
+    def freeze(self) -> _Group:
+        self.index_array = np.asarray(self.indices, dtype=np.intp)
+        self.empty = frozenset(i for i, p in enumerate(self.params) if p.numel() == 0)
+        return self
+
+
+@dataclass
+class _Entry:
+    """Where one group's numbers sit in its device's vector (see ``GradientWatch.launch``).
+
+    ``present`` is None when every parameter of the group had a gradient. ``squared``:
+    the gradient and weight figures are sums of squares (CPU dot products), not norms.
+    ``interleaved`` (CPU): (figure, min, max) per gradient, min and max from aminmax; else
+    the gradient figures, then the weights', then max |g| of the non-empty gradients.
+    """
+
+    kind: str
+    group: _Group | None = None
+    present: list[int] | None = None
+    count: int = 0
+    nonempty: list[int] | None = None
+    squared: bool = False
+    interleaved: bool = False
+    tiny: float = 0.0
 
 
 def _norm_dtype(tensor: torch.Tensor) -> torch.dtype | None:
     return torch.float32 if tensor.dtype in _HALF_DTYPES else None
+
+
+def _exact_norm(grad: torch.Tensor) -> float:
+    """L2 norm in float64, scaled by max |g| so that neither the squares of huge elements
+    overflow nor those of tiny ones underflow. For the rare parameters flagged in resolve."""
+    grad = grad.detach().double()
+    scale = float(grad.abs().max()) if grad.numel() else 0.0
+    if scale == 0.0 or not np.isfinite(scale):
+        return float(torch.linalg.vector_norm(grad))
+    return scale * float(torch.linalg.vector_norm(grad / scale))
+
+
+def _sum_squares(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-tensor sum of squares on CPU, one pass each. A BLAS dot product is 1.5-3x faster
+    there than ``torch._foreach_norm`` (a loop of single-threaded norms on CPU)."""
+    out = []
+    for t in tensors:
+        if t.is_contiguous():
+            flat = t.view(-1)
+            out.append(torch.dot(flat, flat))
+        else:
+            out.append(torch.linalg.vector_norm(t).square())
+    return out
 
 
 class GradientWatch:
@@ -165,7 +224,7 @@ class GradientWatch:
         self._groups = self._group(self._params)
         self._unwatched_groups = self._group(self._unwatched)
         self._step = 0
-        self._weights_before: list[tuple[_Group, list[int], list[torch.Tensor]]] | None = None
+        self._weights_before: list[tuple[_Group, list[torch.Tensor]]] | None = None
         self.last: StepStats | None = None
         self._handles: list[Any] = []
         if optimizer is not None and update_ratio:
@@ -183,7 +242,7 @@ class GradientWatch:
                 groups[key] = _Group([], [])
             groups[key].indices.append(index)
             groups[key].params.append(p)
-        return list(groups.values())
+        return [group.freeze() for group in groups.values()]
 
     @property
     def step(self) -> int:
@@ -192,47 +251,101 @@ class GradientWatch:
 
     # -- collection -------------------------------------------------------------------
     @torch.no_grad()
-    def launch(self, loss: torch.Tensor | None = None) -> list[tuple[torch.Tensor, list]]:
+    def launch(self, loss: torch.Tensor | None = None) -> list[tuple[torch.Tensor, list, Any]]:
         """Queue every statistic's computation and the device-to-host copies; no host
-        synchronisation happens here (checked on CUDA by the benchmark)."""
-        per_device: dict[torch.device, list[torch.Tensor]] = {}
-        layout: dict[torch.device, list] = {}
-        if self.update_ratio_enabled:
-            self._weights_before = []
-        for kind, groups in (("watched", self._groups), ("unwatched", self._unwatched_groups)):
-            for group in groups:
-                present = [i for i, p in enumerate(group.params) if p.grad is not None]
-                if not present:
-                    continue
-                grads = [group.params[i].grad for i in present]
-                device = grads[0].device
-                pieces = per_device.setdefault(device, [])
-                norm_dtype = _norm_dtype(grads[0])
-                norms = torch._foreach_norm(grads, 2, dtype=norm_dtype)
-                pieces.append(torch.stack(norms).to(torch.float64))
-                entry = [kind, group, present]
-                if kind == "watched":
-                    extremes = [torch.aminmax(g) for g in grads if g.numel()]
-                    nonempty = [i for i, g in zip(present, grads, strict=True) if g.numel()]
-                    if extremes:
-                        lows = torch.stack([e.min for e in extremes]).to(torch.float64)
-                        highs = torch.stack([e.max for e in extremes]).to(torch.float64)
-                        pieces.append(torch.maximum(highs, -lows))
-                    weights = [group.params[i] for i in present]
-                    weight_norms = torch._foreach_norm(weights, 2, dtype=norm_dtype)
-                    pieces.append(torch.stack(weight_norms).to(torch.float64))
-                    entry.append(nonempty)
-                    if self.update_ratio_enabled:
-                        copies = torch._foreach_mul(weights, 1.0)
-                        self._weights_before.append((group, present, copies))
-                layout.setdefault(device, []).append(entry)
+        synchronisation happens here (checked on CUDA by the benchmark and tests).
+
+        Per group of parameters (same device and dtype) the device work is: gradient and
+        weight L2 figures, and max |g|, all as 0-d tensors that one ``torch.stack`` per
+        device turns into the vector that is copied to the host. On CUDA that is two fused
+        ``_foreach_norm`` launches (ord 2 over gradients and weights, ord inf over
+        gradients). On CPU, where ``_foreach_norm`` is a loop of single-threaded norms and
+        ord inf is 7x slower still, it is a BLAS dot product per tensor (sum of squares) and
+        one ``aminmax`` per gradient; sums of squares that overflow or underflow float are
+        recomputed exactly in :meth:`resolve` (rare steps only).
+        """
+        parts: dict[torch.device, list[torch.Tensor]] = {}
+        layout: dict[torch.device, list[_Entry]] = {}
+        copy_weights = self.update_ratio_enabled
+        self._weights_before = [] if copy_weights else None
+        for group in self._groups:
+            params = group.params
+            grads = [p.grad for p in params]
+            present = None
+            if any(g is None for g in grads):
+                present = [i for i, g in enumerate(grads) if g is not None]
+                grads = [grads[i] for i in present]
+            sample = grads[0] if grads else params[0]
+            device = sample.device
+            pieces = parts.setdefault(device, [])
+            norm_dtype = _norm_dtype(sample)
+            on_cpu = device.type in _PER_TENSOR_DEVICES
+            squared = on_cpu and sample.dtype in _DOT_DTYPES
+            nonempty = None
+            if on_cpu:
+                # Gradient by gradient, so that aminmax reads it while it is still in cache.
+                for g in grads:
+                    if squared and g.is_contiguous():
+                        flat = g.view(-1)
+                        pieces.append(torch.dot(flat, flat))
+                    elif squared:
+                        pieces.append(torch.linalg.vector_norm(g).square())
+                    else:
+                        pieces.append(torch.linalg.vector_norm(g, dtype=norm_dtype))
+                    if g.numel():
+                        pieces += torch.aminmax(g)
+                    else:
+                        pieces += (g.new_zeros(()), g.new_zeros(()))
+                if squared:
+                    pieces += _sum_squares(params)
+                else:
+                    pieces += torch._foreach_norm(params, 2, dtype=norm_dtype)
+            else:
+                pieces += torch._foreach_norm(grads + params, 2, dtype=norm_dtype)
+                if group.empty:
+                    positions = present if present is not None else range(len(params))
+                    nonempty = [k for k, i in enumerate(positions) if i not in group.empty]
+                    grads = [grads[k] for k in nonempty]
+                if grads:
+                    pieces += torch._foreach_norm(grads, float("inf"))
+            layout.setdefault(device, []).append(
+                _Entry(
+                    "watched",
+                    group,
+                    present,
+                    len(params) if present is None else len(present),
+                    nonempty,
+                    squared,
+                    interleaved=on_cpu,
+                    tiny=_TINY[torch.float64 if sample.dtype == torch.float64 else torch.float32],
+                )
+            )
+            if copy_weights:
+                self._weights_before.append((group, torch._foreach_mul(params, 1.0)))
+        for group in self._unwatched_groups:
+            present = [i for i, p in enumerate(group.params) if p.grad is not None]
+            if not present:
+                continue
+            grads = [group.params[i].grad for i in present]
+            device = grads[0].device
+            squared = device.type in _PER_TENSOR_DEVICES and grads[0].dtype in _DOT_DTYPES
+            if squared:
+                figures = _sum_squares(grads)
+            else:
+                figures = list(torch._foreach_norm(grads, 2, dtype=_norm_dtype(grads[0])))
+            parts.setdefault(device, []).extend(figures)
+            layout.setdefault(device, []).append(
+                _Entry("unwatched", group, present, len(present), squared=squared)
+            )
         if loss is not None:
             device = loss.device
-            per_device.setdefault(device, []).append(loss.detach().reshape(1).to(torch.float64))
-            layout.setdefault(device, []).append(["loss"])
+            parts.setdefault(device, []).append(loss.detach().reshape(()))
+            layout.setdefault(device, []).append(_Entry("loss"))
         transfers = []
-        for device, pieces in per_device.items():
-            vector = torch.cat(pieces)
+        for device, pieces in parts.items():
+            vector = torch.stack(pieces)
+            if vector.dtype not in (torch.float32, torch.float64):
+                vector = vector.float()
             if vector.device.type != "cpu":
                 host = torch.empty(vector.shape, dtype=vector.dtype, pin_memory=True)
                 host.copy_(vector, non_blocking=True)
@@ -252,37 +365,71 @@ class GradientWatch:
         param_max = np.zeros(n_params)
         param_weight = np.zeros(n_params)
         unwatched_sq = 0.0
+        unwatched_bad: list[tuple[_Group, list[int]]] = []
+        imprecise: list[np.ndarray] = []
         loss_value: float | None = None
         for host, entries, event in transfers:
             if event is not None:
                 event.synchronize()
-            values = host.numpy()
+            values = host.numpy().astype(np.float64)
             cursor = 0
             for entry in entries:
-                if entry[0] == "loss":
+                if entry.kind == "loss":
                     loss_value = float(values[cursor])
                     cursor += 1
                     continue
-                kind, group, present = entry[0], entry[1], entry[2]
-                count = len(present)
-                norms = values[cursor : cursor + count]
-                cursor += count
-                if kind == "unwatched":
-                    unwatched_sq += float(np.sum(np.square(norms)))
+                group = entry.group
+                count = entry.count
+                if entry.interleaved:  # CPU: (figure, min, max) per gradient
+                    triples = values[cursor : cursor + 3 * count].reshape(count, 3)
+                    cursor += 3 * count
+                    grad_figures = triples[:, 0]
+                else:
+                    grad_figures = values[cursor : cursor + count]
+                    cursor += count
+                if entry.kind == "unwatched":
+                    squares = grad_figures if entry.squared else np.square(grad_figures)
+                    if np.isfinite(squares).all():
+                        unwatched_sq += float(np.sum(squares))
+                    else:  # a real NaN/Inf, or only an overflowed sum: look closer
+                        unwatched_bad.append((group, entry.present))
                     continue
-                indices = np.asarray(group.indices, dtype=np.intp)
-                param_norm[indices[present]] = norms
-                nonempty = entry[3]
-                param_max[indices[nonempty]] = values[cursor : cursor + len(nonempty)]
-                cursor += len(nonempty)
-                param_weight[indices[present]] = values[cursor : cursor + count]
-                cursor += count
+                indices = group.index_array
+                if entry.present is not None:
+                    indices = indices[entry.present]
+                weights = values[cursor : cursor + len(group.params)]
+                cursor += len(group.params)
+                if entry.squared:
+                    grad_figures = np.sqrt(grad_figures)
+                    weights = np.sqrt(weights)
+                param_norm[indices] = grad_figures
+                param_weight[group.index_array] = weights
+                if entry.interleaved:
+                    maxima = np.maximum(triples[:, 2], -triples[:, 1])
+                else:
+                    if entry.nonempty is not None:
+                        indices = indices[entry.nonempty]
+                    maxima = values[cursor : cursor + len(indices)]
+                    cursor += len(indices)
+                param_max[indices] = maxima
+                if entry.tiny:
+                    # Squares of elements this small underflow: the sum is not exact.
+                    low = (maxima > 0) & (maxima < entry.tiny)
+                    if low.any():
+                        imprecise.append(indices[low])
 
         nan_per_param = np.zeros(n_params, dtype=np.int64)
         inf_per_param = np.zeros(n_params, dtype=np.int64)
         suspicious = ~(np.isfinite(param_norm) & np.isfinite(param_max))
         if suspicious.any():
-            self._count_nonfinite(np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param)
+            self._count_nonfinite(
+                np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
+            )
+        for indices in imprecise:
+            for index in indices:
+                param_norm[index] = _exact_norm(self._params[index].grad)
+        if unwatched_bad:
+            unwatched_sq += self._unwatched_squares(unwatched_bad)
 
         members, offsets = self._members, self._offsets
         with np.errstate(over="ignore", invalid="ignore"):
@@ -331,16 +478,28 @@ class GradientWatch:
         inf_out: np.ndarray,
     ) -> None:
         # Only on steps where something is already wrong: count NaN and Inf separately, and
-        # tell a real Inf element from a float32 sum of squares that overflowed.
-        counts = []
-        for index in suspects:
-            grad = self._params[index].grad
-            counts.append(torch.stack([grad.isnan().sum(), grad.isinf().sum()]).cpu())
-        for index, pair in zip(suspects, counts, strict=True):
-            nan_out[index], inf_out[index] = int(pair[0]), int(pair[1])
-            if nan_out[index] == 0 and inf_out[index] == 0:
-                grad = self._params[index].grad
-                param_norm[index] = float(torch.linalg.vector_norm(grad, dtype=torch.float64))
+        # tell a real Inf element from a sum of squares that overflowed.
+        counts = [
+            torch.stack([g.isnan().sum(), g.isinf().sum()])
+            for g in (self._params[index].grad for index in suspects)
+        ]
+        counts = torch.stack(counts).cpu().numpy() if counts else np.zeros((0, 2))
+        for index, (nans, infs) in zip(suspects, counts, strict=True):
+            nan_out[index], inf_out[index] = int(nans), int(infs)
+            if nans == 0 and infs == 0:
+                param_norm[index] = _exact_norm(self._params[index].grad)
+
+    @staticmethod
+    def _unwatched_squares(bad: list[tuple[_Group, list[int]]]) -> float:
+        total = 0.0
+        for group, present in bad:
+            for i in present:
+                grad = group.params[i].grad
+                if bool(torch.isfinite(grad).all()):
+                    total += _exact_norm(grad) ** 2
+                else:
+                    return float("nan")
+        return total
 
     @torch.no_grad()
     def measure_update(self) -> np.ndarray | None:
@@ -349,11 +508,11 @@ class GradientWatch:
             return None
         delta = np.zeros(len(self._params))
         pending = []
-        for group, present, before in self._weights_before:
-            now = [group.params[i] for i in present]
+        for group, before in self._weights_before:
+            now = group.params
             diffs = torch._foreach_sub(now, before)
             norms = torch._foreach_norm(diffs, 2, dtype=_norm_dtype(now[0]))
-            pending.append((np.asarray(group.indices, dtype=np.intp)[present], torch.stack(norms)))
+            pending.append((group.index_array, torch.stack(norms)))
         for indices, norms in pending:
             delta[indices] = norms.double().cpu().numpy()
         self._weights_before = None

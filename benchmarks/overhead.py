@@ -1,0 +1,371 @@
+"""Watch overhead: a full training step (forward, backward, optimizer) in four variants.
+
+    .venv/bin/python benchmarks/overhead.py
+
+Variants, all on the same model and batch, interleaved in shuffled rounds within this one
+process so that machine drift (thermal, other load) hits them alike:
+
+- ``plain``: no instrumentation;
+- ``gradscope``: ``gradscope.watch(model)`` (every parameterised layer, default statistics)
+  and ``watch.collect(loss)`` after each backward;
+- ``seed_hook``: the seed's approach, a ``Tensor.register_hook`` on every parameter calling
+  ``torch.isnan(grad).any()``, ``torch.isinf(grad).any()`` and ``grad.norm().item()``;
+- ``detect_anomaly``: forward and backward under ``torch.autograd.detect_anomaly()``.
+
+Each round runs every variant for a block of steps (after one untimed warm-up step) in a
+fresh random order; the block's median step time divided by plain's in the same round is
+that round's ratio. The table shows the median of those ratios over the rounds and their
+spread (25th-75th percentile, and min-max in the JSON). Threads are pinned with
+``torch.set_num_threads(os.cpu_count())``.
+
+On CUDA (when ``torch.cuda.is_available()``) resnet50 at batch 64 is added, steps are timed
+with a synchronisation at each step's end, and the watch's ``launch()`` runs under
+``torch.cuda.set_sync_debug_mode("error")``, so any host synchronisation inside it raises.
+
+Results go to ``benchmarks/results/overhead-<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import gradscope  # noqa: E402
+
+VARIANTS = ("plain", "gradscope", "seed_hook", "detect_anomaly")
+
+
+# -- models ---------------------------------------------------------------------------
+@dataclass
+class Case:
+    name: str
+    description: str
+    build: Callable[[torch.device], tuple[nn.Module, torch.Tensor, torch.Tensor, Callable]]
+    rounds: int
+    steps: int
+    target: float | None
+
+
+def _mlp(device: torch.device):
+    width, depth, batch = 256, 20, 32
+    layers: list[nn.Module] = []
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, 10))
+    model = nn.Sequential(*layers).to(device)
+    x = torch.randn(batch, width, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    return model, x, y, nn.functional.cross_entropy
+
+
+def _resnet(name: str, batch: int, size: int):
+    def build(device: torch.device):
+        import torchvision
+
+        model = getattr(torchvision.models, name)(weights=None).to(device)
+        x = torch.randn(batch, 3, size, size, device=device)
+        y = torch.randint(0, 1000, (batch,), device=device)
+        return model, x, y, nn.functional.cross_entropy
+
+    return build
+
+
+class _Encoder(nn.Module):
+    def __init__(self, d: int = 128, heads: int = 4, layers: int = 4, classes: int = 10):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(
+            d, heads, dim_feedforward=4 * d, dropout=0.1, batch_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).mean(dim=1))
+
+
+def _transformer(device: torch.device):
+    batch, seq, d = 16, 64, 128
+    model = _Encoder(d).to(device)
+    x = torch.randn(batch, seq, d, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    return model, x, y, nn.functional.cross_entropy
+
+
+def cases(device: torch.device) -> list[Case]:
+    found = [
+        Case("mlp", "20-layer MLP, width 256, batch 32", _mlp, 25, 12, 1.05),
+        Case(
+            "resnet18",
+            "torchvision resnet18, batch 16, 64x64",
+            _resnet("resnet18", 16, 64),
+            15,
+            6,
+            1.03,
+        ),
+        Case(
+            "transformer",
+            "4-layer transformer encoder, d=128, seq 64, batch 16",
+            _transformer,
+            15,
+            8,
+            1.03,
+        ),
+    ]
+    if device.type == "cuda":
+        found.append(
+            Case(
+                "resnet50",
+                "torchvision resnet50, batch 64, 224x224",
+                _resnet("resnet50", 64, 224),
+                15,
+                10,
+                1.02,
+            )
+        )
+    return found
+
+
+# -- variants -------------------------------------------------------------------------
+class SeedHook:
+    """The seed's per-parameter tensor hook (three reductions and a sync per parameter)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.handles: list = []
+        self.norms: dict[str, float] = {}
+        self.flagged: list[str] = []
+
+    def attach(self) -> None:
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                self.handles.append(p.register_hook(self._hook(name)))
+
+    def _hook(self, name: str):
+        def hook(grad: torch.Tensor) -> None:
+            if torch.isnan(grad).any() or torch.isinf(grad).any():
+                self.flagged.append(name)
+            self.norms[name] = grad.norm().item()
+
+        return hook
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def _watch_collect(watch, loss: torch.Tensor, cuda: bool):
+    if not cuda:
+        return watch.collect(loss)
+    # Any host synchronisation inside launch() raises here.
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        transfers = watch.launch(loss)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return watch.resolve(transfers)
+
+
+def run_case(case: Case, device: torch.device, rng: random.Random, scale: float) -> dict:
+    torch.manual_seed(0)
+    model, x, y, loss_fn = case.build(device)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    watch = gradscope.watch(model)
+    seed = SeedHook(model)
+    cuda = device.type == "cuda"
+
+    def step(variant: str) -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        if variant == "detect_anomaly":
+            with torch.autograd.detect_anomaly():
+                loss = loss_fn(model(x), y)
+                loss.backward()
+        else:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if variant == "gradscope":
+                _watch_collect(watch, loss, cuda)
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    rounds = max(3, round(case.rounds * scale))
+    steps = case.steps
+    for variant in VARIANTS:  # warm up allocators, autograd caches, lazy imports
+        _block(variant, step, seed, 2)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    started = time.perf_counter()
+    for _ in range(rounds):
+        order = list(VARIANTS)
+        rng.shuffle(order)
+        block = {}
+        for variant in order:
+            block[variant] = statistics.median(_block(variant, step, seed, steps))
+            times[variant].append(block[variant])
+        for variant in VARIANTS:
+            ratios[variant].append(block[variant] / block["plain"])
+    elapsed = time.perf_counter() - started
+    watch.close()
+
+    result = {
+        "description": case.description,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "watched_layers": len(watch.layers),
+        "watched_tensors": len(watch.param_names),
+        "rounds": rounds,
+        "steps_per_block": steps,
+        "seconds": round(elapsed, 1),
+        "target_gradscope": case.target,
+        "variants": {},
+    }
+    for variant in VARIANTS:
+        r = sorted(ratios[variant])
+        result["variants"][variant] = {
+            "median_step_ms": round(statistics.median(times[variant]) * 1e3, 3),
+            "ratio_median": round(statistics.median(r), 4),
+            "ratio_p25": round(_quantile(r, 0.25), 4),
+            "ratio_p75": round(_quantile(r, 0.75), 4),
+            "ratio_min": round(r[0], 4),
+            "ratio_max": round(r[-1], 4),
+        }
+    g = result["variants"]["gradscope"]["ratio_median"]
+    result["meets_target"] = bool(
+        (case.target is None or g <= case.target)
+        and g < result["variants"]["seed_hook"]["ratio_median"]
+    )
+    return result
+
+
+def _block(variant: str, step: Callable[[str], float], seed: SeedHook, steps: int) -> list:
+    if variant == "seed_hook":
+        seed.attach()
+    try:
+        gc.collect()
+        step(variant)  # untimed: the first step after switching variant
+        return [step(variant) for _ in range(steps)]
+    finally:
+        if variant == "seed_hook":
+            seed.detach()
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+# -- output ---------------------------------------------------------------------------
+def print_table(results: dict, header: str) -> None:
+    print(header)
+    cols = f"{'model':<12} {'variant':<15} {'step ms':>9} {'ratio':>7} {'p25-p75':>14}"
+    print(cols)
+    print("-" * len(cols))
+    for name, res in results.items():
+        for variant in VARIANTS:
+            v = res["variants"][variant]
+            spread = f"{v['ratio_p25']:.3f}-{v['ratio_p75']:.3f}"
+            print(
+                f"{name:<12} {variant:<15} {v['median_step_ms']:>9.2f} "
+                f"{v['ratio_median']:>6.3f}x {spread:>14}"
+            )
+        target = res["target_gradscope"]
+        verdict = "met" if res["meets_target"] else "MISSED"
+        print(
+            f"{'':<12} target: gradscope <= {target}x and below seed_hook: {verdict} "
+            f"({res['rounds']} rounds x {res['steps_per_block']} steps, {res['seconds']} s)"
+        )
+        print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="*", help="subset of: mlp resnet18 transformer resnet50")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the number of rounds")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    args = parser.parse_args(argv)
+
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", message=".*[Aa]nomaly [Dd]etection.*")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rng = random.Random(1234)
+
+    machine = {
+        "device": device.type,
+        "device_name": (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        ),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    header = (
+        f"GradScope watch overhead on {device.type} ({machine['device_name'] or 'unknown'}), "
+        f"torch {torch.__version__}, threads pinned: torch.set_num_threads({threads}), "
+        f"{os.cpu_count()} cores"
+    )
+    print(header, flush=True)
+    results: dict[str, dict] = {}
+    for case in cases(device):
+        if args.models and case.name not in args.models:
+            continue
+        print(f"  {case.name}: {case.description} ...", flush=True)
+        results[case.name] = run_case(case, device, rng, args.scale)
+    print()
+    print_table(results, header)
+    payload = {
+        "command": "python benchmarks/overhead.py"
+        + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine,
+        "ratio": "median over rounds of (variant block median step time / plain's, same round)",
+        "cuda_sync_check": (
+            "watch.launch() ran under torch.cuda.set_sync_debug_mode('error'): no sync"
+            if device.type == "cuda"
+            else "not run (no CUDA)"
+        ),
+        "models": results,
+    }
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT / "benchmarks" / "results" / f"overhead-{device.type}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

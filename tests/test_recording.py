@@ -592,3 +592,32 @@ def test_steps_without_loss_and_the_split_launch_resolve_api(tmp_path, capsys):
     assert ": 3 step(s), loss" in out and "first non-finite" not in out
     data = json.loads(out_json.read_text())
     assert data["loss"][:2] == [None, None] and data["loss"][2] == resolved.loss
+
+
+def test_lock_of_a_writer_elsewhere_until_its_heartbeat_is_stale(tmp_path):
+    path = finished_recording(tmp_path, steps=2)
+
+    def forge_lock(host, age, token="someone-else"):
+        connection = sqlite3.connect(path)
+        connection.execute("DELETE FROM writer_lock")
+        connection.execute(
+            "INSERT INTO writer_lock(id, pid, host, token, heartbeat) VALUES (1, 4242, ?, ?, ?)",
+            (host, token, time.time() - age),
+        )
+        connection.commit()
+        connection.close()
+
+    forge_lock("build-server-7", age=1)  # a live writer on another machine
+    assert RecordingReader(path).is_live()
+    with pytest.raises(GradScopeError, match="being written by process 4242 on build-server-7"):
+        RecordingWriter(path, overwrite=True)
+    forge_lock("build-server-7", age=120)  # it stopped beating long ago: stale
+    assert not RecordingReader(path).is_live()
+    writer = RecordingWriter(path, overwrite=True)
+
+    # If the lock is taken from a live writer, it stops at its next commit instead of
+    # interleaving its steps with the new owner's.
+    forge_lock("build-server-7", age=0, token="new-owner")
+    with pytest.warns(RuntimeWarning, match="took over"):
+        with pytest.raises(GradScopeError, match="another process took over"):
+            writer.close()

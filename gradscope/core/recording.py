@@ -536,7 +536,7 @@ class RecordingWriter:
             while not stopping:
                 # Sleep until a commit is due; the training thread wakes us early for a full
                 # batch, a full queue, a flush or close.
-                self._wake.wait(self.commit_seconds)
+                self._wake.wait(min(self.commit_seconds, HEARTBEAT_SECONDS))
                 self._wake.clear()
                 batch, markers = _Batch(), []
                 pending = self._pending

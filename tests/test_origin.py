@@ -75,12 +75,35 @@ def test_finite_step_has_no_origin_and_leaves_model_untouched():
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
+def _overflow(module, args, output):
+    # a forward hook runs inside the module's call: as if the module's own code overflowed
+    return output * 1e39
+
+
 def test_reused_module_with_dict_output():
     model, x = Shared(), _x()
+    handle = model.head.register_forward_hook(_overflow)
+    try:
+        origin = locate_first_nonfinite(model, lambda: model(x)["out"].sum())
+    finally:
+        handle.remove()
+    assert (origin.phase, origin.module, origin.kind) == ("forward", "head", "inf")
+    assert "output * 1e39" in origin.code
+
+
+def test_weights_already_nonfinite_blame_the_update():
+    model, x = Shared(), _x()
     with torch.no_grad():
-        model.head.weight[0, 0] = float("inf")
-    origin = locate_first_nonfinite(model, lambda: model(x)["out"].sum())
-    assert (origin.phase, origin.module) == ("forward", "head")
+        model.head.weight[0, 0] = float("nan")
+    origin = locate_first_nonfinite(model, lambda: model(x)["out"].sum(), step=4)
+    assert (origin.step, origin.phase, origin.module, origin.tensor) == (
+        4,
+        "update",
+        "head",
+        "weight",
+    )
+    assert origin.kind == "nan" and origin.details["parameters"] == ["head.weight"]
+    assert "optimizer update" in origin.details["hint"]
 
 
 @pytest.fixture(scope="module")
@@ -92,15 +115,12 @@ def resnet():
 def test_resnet_forward_origin_with_inplace_relu(resnet):
     x = torch.randn(2, 3, 64, 64)
     buffers = [b.clone() for b in resnet.buffers()]
-    with torch.no_grad():
-        saved = resnet.layer2[0].conv1.weight[0, 0, 0, 0].item()
-        resnet.layer2[0].conv1.weight[0, 0, 0, 0] = float("nan")
+    handle = resnet.layer2[0].conv1.register_forward_hook(_overflow)
     try:
         origin = locate_first_nonfinite(resnet, lambda: resnet(x).sum())
     finally:
-        with torch.no_grad():
-            resnet.layer2[0].conv1.weight[0, 0, 0, 0] = saved
-    assert (origin.phase, origin.module, origin.kind) == ("forward", "layer2.0.conv1", "nan")
+        handle.remove()
+    assert (origin.phase, origin.module, origin.kind) == ("forward", "layer2.0.conv1", "inf")
     # BatchNorm running statistics are restored after the diagnostic re-run.
     for before, after in zip(buffers, resnet.buffers(), strict=True):
         assert torch.equal(before, after)

@@ -91,6 +91,24 @@ def hint_for(origin: Origin) -> str:
     low = _min_input(origin)
     where = origin.op.split(" backward")[0] if origin.op else "this operation"
 
+    if origin.phase == "update":
+        weights = _values(origin, "weights")
+        half = _half(weights)
+        return (
+            f"The weights of {origin.module or '(model)'} were already NaN/Inf before this "
+            f"step's forward pass: the optimizer update ({origin.op or 'optimizer.step'}) of "
+            "the previous step wrote them. "
+            + (
+                "They are half precision: Adam's eps (1e-8) rounds to 0 in float16, so "
+                "an update divides by zero, and small updates underflow. Keep float32 master "
+                "weights (autocast + GradScaler), use bfloat16, or raise eps to 1e-4. "
+                if half
+                else "A learning rate too high for these gradients is the usual cause: lower "
+                "it, clip gradients, or check for a division by a tiny second-moment estimate. "
+            )
+            + "Rewind to before that step to try another setting."
+        )
+
     if origin.phase == "backward":
         if op in ("sqrt", "rsqrt", "pow", "norm", "vector_norm"):
             return (
@@ -122,7 +140,7 @@ def hint_for(origin: Origin) -> str:
             "or the loss scale, and check for large activations feeding this layer."
         )
 
-    if origin.phase == "loss" and (not op or (origin.kind == "inf" and op in _EXP)):
+    if origin.phase == "loss" and (not op or (origin.kind == "inf" and op not in _LOG | _DIVIDE)):
         return (
             "The loss itself is non-finite while every model output was finite. If it is Inf, "
             "it is too large for its dtype: lower the loss scale, use mean instead of sum "

@@ -35,8 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_GRADSCOPE_CORE_DIR = os.path.dirname(os.path.abspath(__file__))
-_SKIP_DIRS = (_TORCH_DIR + os.sep, _GRADSCOPE_CORE_DIR + os.sep)
+_GRADSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
@@ -50,9 +49,12 @@ class SourceLocation:
 class Origin:
     """The first non-finite value of a step.
 
-    ``phase``: "forward", "loss" or "backward". ``module``: dotted module path ("" is the
-    root), None when the value was made outside the model (loss code). ``tensor``: "output",
-    "input grad", "<param>.grad" (relative to the module) or "loss". ``kind``: "nan" or "inf".
+    ``phase``: "forward", "loss" or "backward"; or "update" when the weights were already
+    non-finite before the step's forward (an optimizer update wrote them; ``step`` is then the
+    step whose update did it and ``tensor`` the parameter's name). ``module``: dotted module
+    path ("" is the root), None when the value was made outside the model (loss code).
+    ``tensor``: "output", "input grad", "<param>.grad" (relative to the module) or "loss".
+    ``kind``: "nan" or "inf".
     ``op``, ``file``, ``line`` and ``code`` name the operation and the line of user code that
     made it, when the tracer saw it.
     """
@@ -89,12 +91,16 @@ class Origin:
         return text
 
 
-def user_location(skip: tuple[str, ...] = _SKIP_DIRS) -> SourceLocation | None:
-    """The innermost stack frame outside torch and GradScope's engine: the user's line."""
+def user_location() -> SourceLocation | None:
+    """The line of user code that called the current torch operation: the innermost frame
+    outside torch and this module. None when that frame is GradScope's own (its default
+    loss): then no line of the user's made the operation."""
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(skip) and not filename.startswith("<"):
+        if filename != __file__ and not filename.startswith((_TORCH_DIR + os.sep, "<")):
+            if filename.startswith(_GRADSCOPE_DIR + os.sep):
+                return None
             line = frame.f_lineno
             return SourceLocation(filename, line, linecache.getline(filename, line).rstrip())
         frame = frame.f_back
@@ -287,6 +293,13 @@ def locate_first_nonfinite(
     for module_name, module in model.named_modules():
         for local, p in module.named_parameters(recurse=False):
             module_of_param.setdefault(id(p), (module_name, local))
+    broken = _nonfinite_parameters(model, module_of_param)
+    if broken is not None:
+        broken.step = step
+        from gradscope.core.diagnosis import hint_for
+
+        broken.details["hint"] = hint_for(broken)
+        return broken
 
     module_stack: list[str] = []
     check = _ModuleCheck()
@@ -380,6 +393,26 @@ def locate_first_nonfinite(
 def _attach_location(origin: Origin, location: SourceLocation | None) -> None:
     if location is not None:
         origin.file, origin.line, origin.code = location.file, location.line, location.code
+
+
+def _nonfinite_parameters(
+    model: nn.Module, module_of_param: dict[int, tuple[str, str]]
+) -> Origin | None:
+    """Weights that are already NaN/Inf before the step's forward: an earlier optimizer
+    update wrote them (phase "update"), so no op of this step is to blame."""
+    bad = []
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and p.numel() and not bool(torch.isfinite(p).all()):
+                bad.append(p)
+    if not bad:
+        return None
+    module, local = module_of_param.get(id(bad[0]), ("", "?"))
+    names = [".".join(filter(None, module_of_param.get(id(p), ("", "?")))) for p in bad]
+    origin = Origin(0, "update", module, local, _kind(bad))
+    origin.details["values"] = {"weights": [tensor_summary(p) for p in bad[:4]]}
+    origin.details["parameters"] = names
+    return origin
 
 
 def _inside(record_module: str | None, module: str | None) -> bool:

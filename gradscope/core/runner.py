@@ -443,6 +443,13 @@ class StepRunner:
         finally:
             _restore_rng(rng_after, self.device)
         if origin is not None:
+            if origin.phase == "update":
+                # the weights were written by the last applied optimizer step
+                origin.step = step - 1
+                origin.op = f"{type(self.optimizer).__name__}.step"
+                from gradscope.core.diagnosis import hint_for
+
+                origin.details["hint"] = hint_for(origin)
             return origin
         # The re-run stayed finite (a non-deterministic kernel?): say what is known.
         kind = (

@@ -8,15 +8,12 @@ gradient become Inf (``m / 0``) and rows that got none NaN (``0 / 0``). Step 0 i
 finite; from step 1 on, everything that reads those weights is non-finite. Float32 (or
 autocast, which keeps float32 master weights) would be fine.
 
-GradScope should report: step 0 finite, all layers "ok"; the first non-finite values are
-``embedding.weight``'s, written by the optimizer update of step 0 (not by any operation of
-the forward pass: ``F.embedding`` only looks up rows that are already Inf), so the origin
-should name module ``embedding`` and its ``weight``, not the forward output.
+GradScope should report: step 0 finite, all layers "ok"; the run halted at step 1, where
+every layer is "nonfinite"; the origin is step 0's optimizer update, not an operation of the
+forward pass (``F.embedding`` only looks up rows that are already Inf/NaN): first NaN at step
+0 in the "update" phase, module ``embedding``, tensor ``weight``, op ``Adam.step``, no line of
+the model's code, and a hint about Adam's eps in float16.
 Fix: ``eps=1e-4`` (representable in float16), or train in float32 / with autocast.
-
-Known misdiagnosis (tests/test_samples.py, strict xfail): GradScope currently reports step 1,
-first INF in the forward pass, module ``embedding``, output, op ``F.embedding``, with the hint
-that ``F.embedding`` "overflowed float16 although its inputs were finite".
 """
 
 import torch

@@ -60,6 +60,8 @@ from __future__ import annotations
 import atexit
 import csv
 import dataclasses
+import io
+import itertools
 import json
 import math
 import os
@@ -1261,33 +1263,45 @@ def write_csv(
     for name in names:
         if not history.has_layer(name):
             raise GradScopeError(f"no layer {name!r} in this run")
-    steps = history.steps.tolist()
     status = history.status_matrix()
+    steps = history.steps
     written = 0
     try:
         with open(path, "w", newline="", encoding="utf-8") as file:
-            writer = csv.writer(file)
-            writer.writerow(("step", "layer", *STATISTICS, "status"))
+            file.write(",".join(("step", "layer", *STATISTICS, "status")) + "\n")
             for name in names:
                 column = history.column(name)
-                series = [history.matrix(s)[:, column].tolist() for s in STATISTICS]
-                layer_status = status[:, column].tolist()
-                for i, step in enumerate(steps):
-                    if layer_status[i] == STATUS_MISSING:
-                        continue
-                    cells = [_csv_number(values[i]) for values in series]
-                    writer.writerow((step, name, *cells, STATUS_NAMES[layer_status[i]]))
-                    written += 1
+                watched = np.flatnonzero(status[:, column] != STATUS_MISSING)
+                if not len(watched):
+                    continue
+                quoted = io.StringIO()
+                csv.writer(quoted).writerow((name,))  # quoted only if it must be
+                cells = [
+                    _csv_column(history.matrix(statistic)[watched, column])
+                    for statistic in STATISTICS
+                ]
+                labels = [STATUS_NAMES[code] for code in status[watched, column].tolist()]
+                lines = zip(
+                    map(str, steps[watched].tolist()),
+                    itertools.repeat(quoted.getvalue().rstrip("\r\n")),
+                    *cells,
+                    labels,
+                    strict=False,
+                )
+                file.write("\n".join(map(",".join, lines)) + "\n")
+                written += len(watched)
     except OSError as error:
         raise GradScopeError(f"cannot write {path}: {error.strerror or error}") from None
     return written
 
 
-def _csv_number(value: float) -> str:
-    if value == MISSING:
-        return ""
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return f"{value:.9g}"  # float32 round-trips through 9 significant digits
+def _csv_column(values: np.ndarray) -> list[str] | itertools.repeat[str]:
+    """Text of one statistic's values: 9 significant digits (enough for float32 to read
+    back exactly), ``nan``/``inf``/``-inf`` as such, empty where not measured."""
+    missing = values == MISSING
+    if missing.all():
+        return itertools.repeat("")
+    text = [f"{value:.9g}" for value in values.tolist()]
+    for index in np.flatnonzero(missing).tolist():
+        text[index] = ""
+    return text

@@ -16,6 +16,8 @@ os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="gradscope-test-config-"
 import pytest
 from PySide6.QtCore import QSettings, QThread
 
+import gradscope.gui  # noqa: F401  (guards against PySide6 6.12.0's None refcount bug)
+
 TINY_MLP = '''
 import torch
 from torch import nn

@@ -205,10 +205,13 @@ while True:
 
 
 def test_sigkill_mid_run_leaves_every_committed_step(tmp_path):
+    """A real training process writes; this one follows it live, then kills it."""
     path = tmp_path / "killed.gsrec"
     script = tmp_path / "train.py"
     script.write_text(CHILD.format(repo=str(REPO), path=str(path)))
     printed: list[tuple[float, int, float, float]] = []
+    follower = followed = None
+    follow_reads: list[int] = []
     with subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as child:
@@ -219,6 +222,14 @@ def test_sigkill_mid_run_leaves_every_committed_step(tmp_path):
                 assert line, child.stderr.read()
                 step, norm, loss = line.split()
                 printed.append((time.monotonic(), int(step), float(norm), float(loss)))
+                if follower is None:  # the header is written before the first step
+                    follower = RecordingReader(path)
+                    assert follower.is_live()
+                    _, followed = follower.load()
+                    last_read = time.monotonic()
+                elif time.monotonic() - last_read > 0.3:
+                    follow_reads.append(follower.read_new_steps(followed))
+                    last_read = time.monotonic()
                 if printed[-1][0] - printed[0][0] > 2.5:
                     break
             killed_at = time.monotonic()
@@ -241,6 +252,16 @@ def test_sigkill_mid_run_leaves_every_committed_step(tmp_path):
         assert history.series("grad_norm", "0")[step] == np.float32(norm)
         assert history.losses[step] == loss
     reader.close()
+
+    # The follower saw the steps arrive in several reads while the writer kept going.
+    assert follower is not None and followed is not None
+    assert sum(n > 0 for n in follow_reads) >= 3, follow_reads
+    follower.read_new_steps(followed)
+    assert not follower.is_live()
+    assert followed.count == count
+    np.testing.assert_array_equal(followed.matrix("grad_norm"), history.matrix("grad_norm"))
+    follower.close()
+
     connection = sqlite3.connect(path)
     assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     connection.close()

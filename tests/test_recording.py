@@ -448,6 +448,16 @@ def test_layers_changing_mid_run_and_decimated_load(tmp_path):
         np.testing.assert_array_equal(
             sparse.matrix("grad_norm")[row], history.matrix("grad_norm")[step]
         )
+    window = reader.read_window(25, 45)  # a zoomed-in view, at full resolution
+    assert window.steps.tolist() == list(range(25, 45))
+    assert window.layer_names == history.layer_names
+    for statistic in STATISTICS:
+        np.testing.assert_array_equal(window.matrix(statistic), history.matrix(statistic)[25:45])
+    assert window.events == [e for e in history.events if 25 <= e.step < 45]
+    coarse = reader.read_window(10, 60, max_rows=5)
+    assert coarse.steps.tolist()[:3] == [10, 20, 30] and coarse.steps[-1] == 59
+    assert set(coarse.steps.tolist()) >= {e.step for e in history.events if e.step >= 10}
+    assert reader.read_new_steps(history) == 0 and history.count == 60  # follow untouched
     steps, values = reader.read_statistic("grad_norm", "4", start_row=25, stride=5)
     assert steps.tolist() == [25, 30, 35, 40, 45, 50, 55]
     np.testing.assert_array_equal(values, history.series("grad_norm", "4")[25::5])

@@ -999,12 +999,27 @@ class RecordingReader:
         ``history`` (the one ``load`` returned); returns how many were added."""
         return self._read(history, 1)
 
-    def _read(self, history: RunHistory, stride: int) -> int:
+    def read_window(
+        self, start_row: int, stop_row: int | None = None, max_rows: int | None = None
+    ) -> RunHistory:
+        """A separate history of rows ``start_row:stop_row`` (a zoomed-in view at full
+        resolution, or decimated to about ``max_rows`` like ``load``); follow mode's
+        position is untouched. Events are those of the window; a loss not recorded is NaN.
+        Decimated, each layer's worst status is that of the whole run."""
+        history = RunHistory()
+        stop = self.row_count() if stop_row is None else max(start_row, stop_row)
+        stride = 1
+        if max_rows is not None:
+            stride = max(1, math.ceil((stop - start_row) / max(1, max_rows)))
+        self._read(history, stride, (max(0, start_row), stop))
+        return history
+
+    def _read(self, history: RunHistory, stride: int, window: tuple[int, int] | None = None) -> int:
         connection = self._connection
         try:
             connection.execute("BEGIN")  # one snapshot across all tables
             try:
-                added = self._read_block(history, stride)
+                added = self._read_block(history, stride, window)
             finally:
                 connection.execute("COMMIT")
         except sqlite3.DatabaseError as error:
@@ -1028,7 +1043,10 @@ class RecordingReader:
         ):
             self._sets[int(set_id)] = np.frombuffer(blob, dtype=np.int32)
 
-    def _read_block(self, history: RunHistory, stride: int) -> int:
+    def _read_block(self, history: RunHistory, stride: int, window: tuple[int, int] | None) -> int:
+        """Append rows to ``history``: those after the last read (``window`` None: follow
+        mode) or those of ``window`` (first row, stop row), every ``stride``-th plus the rows
+        with events and the last one."""
         connection = self._connection
         created = connection.execute("SELECT value FROM meta WHERE key = 'created'").fetchone()
         if created is None or created[0] != self._created:
@@ -1036,30 +1054,40 @@ class RecordingReader:
                 f"{self.path} was replaced by a new recording while it was open; open it again"
             )
         self._refresh_layers()
-        last = self._last_row
+        follow = window is None
+        first_row, stop_row = (self._last_row + 1, 2**62) if window is None else window
+        span = "row >= ? AND row < ?"
         if stride > 1:
-            newest = connection.execute("SELECT MAX(row) FROM steps").fetchone()[0]
+            newest = connection.execute(
+                f"SELECT MAX(row) FROM steps WHERE {span}", (first_row, stop_row)
+            ).fetchone()[0]
             selection = (
-                "row > ? AND (row % ? = 0 OR row = ? OR row IN (SELECT row FROM events))",
-                (last, stride, -1 if newest is None else newest),
+                f"{span} AND ((row - ?) % ? = 0 OR row = ? OR row IN (SELECT row FROM events))",
+                (first_row, stop_row, first_row, stride, -1 if newest is None else newest),
             )
         else:
-            selection = ("row > ?", (last,))
+            selection = (span, (first_row, stop_row))
         step_rows = connection.execute(
             "SELECT row, step, layer_set, loss, total_grad_norm, flags FROM steps "
             f"WHERE {selection[0]} ORDER BY row",
             selection[1],
         ).fetchall()
-        events = connection.execute(
-            "SELECT id, step, kind, layer, message FROM events WHERE id > ? ORDER BY id",
-            (self._last_event,),
-        ).fetchall()
+        if follow:
+            events = connection.execute(
+                "SELECT id, step, kind, layer, message FROM events WHERE id > ? ORDER BY id",
+                (self._last_event,),
+            ).fetchall()
+        else:
+            events = connection.execute(
+                f"SELECT id, step, kind, layer, message FROM events WHERE {span} ORDER BY id",
+                (first_row, stop_row),
+            ).fetchall()
         origin_data = None
         if history.first_nonfinite is None:
             found = connection.execute("SELECT data FROM origins ORDER BY id LIMIT 1").fetchone()
             origin_data = found[0] if found else None
         if not step_rows:
-            self._add_events(history, events, origin_data)
+            self._add_events(history, events, origin_data, follow)
             return 0
         table = np.array([(r[0], r[1], r[2], r[5]) for r in step_rows], dtype=np.int64)
         rows, steps, set_ids, flags = table[:, 0], table[:, 1], table[:, 2], table[:, 3]
@@ -1069,7 +1097,7 @@ class RecordingReader:
             # page of the value tables (their BLOBs live in the table's leaf pages).
             where, parameters = f"row IN ({','.join(map(str, rows.tolist()))})", ()
         else:
-            where, parameters = "row > ?", (last,)
+            where, parameters = span, (first_row, stop_row)
         loss_given = (flags & _FLAG_LOSS_GIVEN) != 0
         losses = np.array([np.nan if r[3] is None else r[3] for r in step_rows], dtype=np.float64)
         totals = np.array([np.nan if r[4] is None else r[4] for r in step_rows], dtype=np.float64)
@@ -1170,15 +1198,19 @@ class RecordingReader:
             for column in layer_columns.tolist():
                 history._previous_status[history.layer_names[column]] = int(last_row[column])
         history.count = end
-        self.loss_recorded = np.concatenate([self.loss_recorded, loss_given])
-        self._last_row = int(rows[-1])
-        self._add_events(history, events, origin_data)
+        if follow:
+            self.loss_recorded = np.concatenate([self.loss_recorded, loss_given])
+            self._last_row = int(rows[-1])
+        self._add_events(history, events, origin_data, follow)
         return n
 
-    def _add_events(self, history: RunHistory, events: list[Any], origin_data: str | None) -> None:
+    def _add_events(
+        self, history: RunHistory, events: list[Any], origin_data: str | None, follow: bool
+    ) -> None:
         for event_id, step, kind, layer, message in events:
             history.events.append(Event(int(step), kind, layer, message))
-            self._last_event = int(event_id)
+            if follow:
+                self._last_event = int(event_id)
         if origin_data is not None and history.first_nonfinite is None:
             data = json.loads(origin_data)
             known = {f.name for f in dataclasses.fields(Origin)}

@@ -470,6 +470,11 @@ class MainWindow(QMainWindow):
         self.run_thread.mark_idle()
         if self.loaded is None:
             return
+        if self.state == "loading":
+            # A run stopped because another model is being opened: that load decides.
+            self.run_thread.busy = True
+            self.run_paused.emit(payload)
+            return
         state = {"nonfinite": "halted", "stopped": "stopped", "failed": "paused",
                  "completed": "done"}.get(
             payload.reason, "paused")

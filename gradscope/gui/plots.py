@@ -30,6 +30,7 @@ from gradscope.gui.status_style import (
 
 _HOVER_PIXELS = 9
 _LEGEND_MAX = 12
+HEATMAP_MAX_COLUMNS = 2000
 _EDGE_LEGEND = "\x00edge"
 _LEFT_AXIS_WIDTH = 64
 _MISSING_COLOR = (236, 236, 236, 255)
@@ -59,6 +60,20 @@ def log10_display(values: np.ndarray) -> np.ndarray:
     good = np.isfinite(values) & (values > 0)
     out[good] = np.log10(values[good])
     return out
+
+
+def reduce_steps(matrix: np.ndarray, limit: int = HEATMAP_MAX_COLUMNS) -> tuple[np.ndarray, int]:
+    """At most ``limit`` rows of a steps x layers matrix for drawing: each row is the largest
+    value of a block of steps. NaN and Inf win a block (max propagates them), so a
+    non-finite step never disappears; MISSING (-1) loses to any measured value."""
+    steps = len(matrix)
+    per_row = max(1, math.ceil(steps / limit))
+    if per_row == 1:
+        return matrix, 1
+    padding = (-steps) % per_row
+    padded = np.concatenate([matrix, np.full((padding, matrix.shape[1]), MISSING,
+                                             dtype=matrix.dtype)])
+    return padded.reshape(-1, per_row, matrix.shape[1]).max(axis=1), per_row
 
 
 def layer_color(position: int) -> QColor:
@@ -405,6 +420,7 @@ class HeatmapPlot(QWidget):
             self.item.addItem(line, ignoreBounds=True)
         self._order: list[str] = []
         self._matrix = np.zeros((0, 0), dtype=np.float32)
+        self.steps_per_column = 1
         self._steps = np.zeros(0)
         self.levels = (0.0, 1.0)
         self.rgba = np.zeros((0, 0, 4), dtype=np.uint8)
@@ -420,7 +436,7 @@ class HeatmapPlot(QWidget):
             self.image.clear()
             return
         columns = [history.column(name) for name in order]
-        matrix = history.matrix("grad_norm")[:, columns]  # steps x layers
+        matrix, self.steps_per_column = reduce_steps(history.matrix("grad_norm")[:, columns])
         self._matrix = matrix
         self._steps = history.steps.astype(np.float64)
         logged = log10_display(matrix)
@@ -441,7 +457,8 @@ class HeatmapPlot(QWidget):
         self.rgba = rgba
         self.image.setImage(rgba, autoLevels=False)
         first = self._steps[0]
-        self.image.setRect(QRectF(first - 0.5, -0.5, max(len(self._steps), 1), len(order)))
+        width = len(matrix) * self.steps_per_column
+        self.image.setRect(QRectF(first - 0.5, -0.5, max(width, 1), len(order)))
         self.colorbar.setLevels((low, high))
         self.show_selection(view.selected_layer, view.selected_step)
 
@@ -462,7 +479,8 @@ class HeatmapPlot(QWidget):
         column = round(point.y())
         if not (0 <= row < len(self._steps) and 0 <= column < len(self._order)):
             return None
-        return self._order[column], int(self._steps[row]), float(self._matrix[row, column])
+        block = row // self.steps_per_column
+        return self._order[column], int(self._steps[row]), float(self._matrix[block, column])
 
     def _on_scene_mouse_clicked(self, event: object) -> None:
         if event.button() != Qt.MouseButton.LeftButton:

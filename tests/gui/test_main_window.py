@@ -242,3 +242,15 @@ def test_nonfinite_status_in_history_matches_tree(qtbot, window, scripts) -> Non
     last = history.status_matrix()[-1]
     flagged = {history.layer_names[i] for i in np.flatnonzero(last == STATUS_NONFINITE)}
     assert set(window.tree_model.flagged_layers()) == flagged
+
+
+def test_opening_a_model_during_a_run_stops_it_and_loads(qtbot, window, scripts) -> None:
+    open_and_wait(qtbot, window, scripts["slow"])
+    window.run()
+    qtbot.waitUntil(lambda: window.history.count >= 1, timeout=RUN_TIMEOUT)
+    with qtbot.waitSignal(window.model_loaded, timeout=LOAD_TIMEOUT):
+        window.open_model(scripts["tiny"])
+    assert window.state == "ready" and window.history.count == 0
+    assert window.tree_model.watched_layers() == ["0", "2"]
+    assert run_and_wait(qtbot, window, window.run).reason == "completed"
+    assert window.history.count == 5

@@ -17,8 +17,9 @@ Measures, on this machine's CPU:
    the GIL and the CPU);
 5. ``load``: a recording of 500 layers x ``--steps`` steps: opening it, a decimated load
    (``load(max_rows=5000)``, what the app needs for a first view), one layer's statistic at
-   full resolution (``read_statistic``), following new steps (``read_new_steps``) and a
-   full load of every value.
+   full resolution (``read_statistic``), a zoomed-in window of 2,000 steps of every layer
+   (``read_window``), following new steps (``read_new_steps``) and a full load of every
+   value.
 
 Results are printed and written to ``benchmarks/results/recording-cpu.json``.
 """
@@ -166,6 +167,11 @@ def measure_load(path: Path, steps: int) -> dict:
     _, values = reader.read_statistic("grad_norm", layer)
     timings["read_statistic_one_layer_all_steps_s"] = time.perf_counter() - t0
     assert len(values) == steps
+
+    t0 = time.perf_counter()
+    window = reader.read_window(steps // 2, steps // 2 + 2000)
+    timings["read_window_2000_rows_s"] = time.perf_counter() - t0
+    assert window.count == min(2000, steps - steps // 2)
 
     t0 = time.perf_counter()
     reader.read_new_steps(history)

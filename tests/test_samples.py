@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradscope.cli import main
 from gradscope.core.history import RunHistory
 from gradscope.core.loading import load_with_settings
 from gradscope.core.origin import Origin
@@ -171,6 +173,46 @@ def test_sample_runs_headless_and_deterministically(name):
         assert again.origin is not None
         assert _where(again.origin) == _where(first.origin)
         assert again.origin.op == first.origin.op and again.origin.line == first.origin.line
+
+
+@pytest.mark.parametrize("name", SAMPLE_FILES)
+def test_cli_json_gives_the_same_diagnosis(name, tmp_path, capsys):
+    """``gradscope run SAMPLE --json``: the report's origin and layer statuses are the ones
+    the engine gave in-process, and the printed summary names the same origin."""
+    report_path = tmp_path / "report.json"
+    with _one_thread():
+        code = main(["run", str(SAMPLES / name), "--json", str(report_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    run = _run(name)
+    assert report["steps_run"] == len(run.results)
+    assert [layer["name"] for layer in report["layers"]] == run.layers
+    assert {layer["name"]: layer["status"] for layer in report["layers"]} == {
+        layer: run.history.worst(layer) for layer in run.layers
+    }
+    if run.origin is None:
+        assert report["first_nonfinite"] is None
+        assert "first non-finite value" not in out
+        return
+    origin = report["first_nonfinite"]
+    expected = run.origin
+    assert (origin["step"], origin["phase"], origin["module"], origin["tensor"]) == (
+        expected.step,
+        expected.phase,
+        expected.module,
+        expected.tensor,
+    )
+    assert (origin["kind"], origin["op"], origin["line"]) == (
+        expected.kind,
+        expected.op,
+        expected.line,
+    )
+    assert origin["hint"] == expected.details["hint"]
+    if expected.file is not None:
+        assert Path(origin["file"]).resolve() == (SAMPLES / name).resolve()
+        assert origin["code"].strip() == expected.code.strip()
+    assert f"first non-finite value: step {expected.step}:" in out
 
 
 # -- one test per sample --------------------------------------------------------------------

@@ -546,7 +546,7 @@ class MainWindow(QMainWindow):
             started = time.perf_counter()
             self._refresh()
             cost = time.perf_counter() - started
-            self._next_refresh = started + max(REFRESH_INTERVAL_MS / 1000, 4 * cost)
+            self._next_refresh = started + max(REFRESH_INTERVAL_MS / 1000, 6 * cost)
 
     def _on_open_action_triggered(self) -> None:
         start = str(Path(self.source).parent) if self.source and self.source.endswith(".py") \

@@ -140,7 +140,7 @@ class GradientNormPlot(QWidget):
         self.item.getAxis("left").setLogMode(True)
         self.item.getAxis("left").setWidth(_LEFT_AXIS_WIDTH)
         self.item.setClipToView(True)
-        self.item.setDownsampling(auto=True, mode="peak")
+        self.item.setDownsampling(ds=True, auto=True, mode="peak")
         self.legend = pg.LegendItem(offset=(10, 6), labelTextSize="8pt")
         self.legend.setParentItem(self.item.vb)
         self.legend.setBrush(pg.mkBrush(255, 255, 255, 150))
@@ -184,7 +184,8 @@ class GradientNormPlot(QWidget):
             curve = self.curves.get(name)
             color = view.colors.get(name, QColor("#1f77b4"))
             if curve is None:
-                curve = pg.PlotDataItem(name=name or "(model)", connect="finite")
+                curve = pg.PlotDataItem(name=name or "(model)", connect="finite",
+                                         autoDownsampleFactor=1.0)
                 curve.setPen(pg.mkPen(color, width=1))
                 self.item.addItem(curve)
                 self.curves[name] = curve
@@ -329,6 +330,8 @@ class LossPlot(QWidget):
         self.item = self.widget.getPlotItem()
         self.item.setLabel("bottom", "step")
         self.item.getAxis("left").setWidth(56)
+        self.item.setClipToView(True)
+        self.item.setDownsampling(ds=True, auto=True, mode="peak")
         self.curve = pg.PlotDataItem(pen=pg.mkPen("#333", width=1), connect="finite")
         self.item.addItem(self.curve)
         self.markers = pg.ScatterPlotItem(size=11, symbol="x",

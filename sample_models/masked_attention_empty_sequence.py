@@ -1,5 +1,4 @@
-"""NaN from a built-in layer: ``nn.MultiheadAttention`` with a key-padding mask that masks
-every key of an empty sequence.
+"""NaN from a built-in layer: ``nn.MultiheadAttention`` with every key of a row masked.
 
 A sentence classifier pads its batches and passes ``key_padding_mask`` (True = padding) to
 ``nn.MultiheadAttention``. One example in each batch is an empty text (it was all stop words,

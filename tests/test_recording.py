@@ -652,3 +652,32 @@ def test_lock_of_a_writer_elsewhere_until_its_heartbeat_is_stale(tmp_path):
     with pytest.warns(RuntimeWarning, match="took over"):
         with pytest.raises(GradScopeError, match="another process took over"):
             writer.close()
+
+
+def test_exiting_without_close_still_writes_every_step(tmp_path):
+    path = tmp_path / "unclosed.gsrec"
+    code = textwrap.dedent(
+        f"""
+        import sys, torch
+        from torch import nn
+        sys.path.insert(0, {str(REPO)!r})
+        import gradscope
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        watch = gradscope.watch(
+            model, record={str(path)!r}, update_ratio=True, optimizer=optimizer
+        )
+        for _ in range(3):
+            optimizer.zero_grad()
+            loss = model(torch.randn(2, 3)).sum()
+            loss.backward()
+            watch.collect(loss)
+            optimizer.step()
+        """
+    )  # no watch.close(): the last step still waits for its update ratio at exit
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    reader = RecordingReader(path)
+    _, history = reader.load()
+    assert reader.is_finished() and history.count == 3
+    assert (history.matrix("update_ratio") > 0).all()

@@ -60,6 +60,7 @@ from __future__ import annotations
 import atexit
 import csv
 import dataclasses
+import functools
 import io
 import itertools
 import json
@@ -72,6 +73,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -805,6 +807,10 @@ class RecordingWatch(GradientWatch):
         self._origin_found = False
         self._locate: Callable[[], torch.Tensor] | None = None
         self._last_recorded: StepStats | None = None
+        # At exit, also write a step still held for its update ratio; a weak reference, so
+        # a forgotten watch does not keep its model alive.
+        self._exit_hook = functools.partial(_close_watch, weakref.ref(self))
+        atexit.register(self._exit_hook)
 
     @property
     def path(self) -> Path:
@@ -879,6 +885,7 @@ class RecordingWatch(GradientWatch):
         return Origin(stats.step, "backward", module, "grad", kind, details=details)
 
     def close(self) -> None:
+        atexit.unregister(self._exit_hook)
         try:
             if self._held is not None:
                 self._send(*self._held)
@@ -888,6 +895,12 @@ class RecordingWatch(GradientWatch):
             super().close()
 
 
+def _close_watch(reference: weakref.ref[RecordingWatch]) -> None:
+    watch = reference()
+    if watch is not None:
+        watch.close()
+
+
 # -- reading ------------------------------------------------------------------------------
 class RecordingReader:
     """Read a recording, also while another process writes it.
@@ -895,6 +908,8 @@ class RecordingReader:
     ``load()`` -> ``(tree, history)``; then ``read_new_steps(history)`` appends what was
     committed since (follow mode) and ``is_live()`` says whether a writer is still at it.
     Every problem with the file is a :class:`GradScopeError` with one clear message.
+    A reader holds one SQLite connection: use it from one thread at a time (the app's
+    worker, say), or give each thread its own reader.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

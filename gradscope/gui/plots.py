@@ -31,6 +31,7 @@ from gradscope.gui.status_style import (
 _HOVER_PIXELS = 9
 _LEGEND_MAX = 12
 HEATMAP_MAX_COLUMNS = 2000
+_DOTS_UP_TO = 40
 _EDGE_LEGEND = "\x00edge"
 _LEFT_AXIS_WIDTH = 64
 _MISSING_COLOR = (236, 236, 236, 255)
@@ -141,7 +142,7 @@ class GradientNormPlot(QWidget):
         self.item.getAxis("left").setWidth(_LEFT_AXIS_WIDTH)
         self.item.setClipToView(True)
         self.item.setDownsampling(ds=True, auto=True, mode="peak")
-        self.legend = pg.LegendItem(offset=(10, 6), labelTextSize="8pt")
+        self.legend = pg.LegendItem(offset=(10, 24), labelTextSize="8pt")
         self.legend.setParentItem(self.item.vb)
         self.legend.setBrush(pg.mkBrush(255, 255, 255, 150))
         self.legend.setPen(pg.mkPen(200, 200, 200))
@@ -196,7 +197,9 @@ class GradientNormPlot(QWidget):
             raw = history.series("grad_norm", name)
             logged = log10_display(raw)
             self._raw[name], self._log[name] = raw, logged
-            curve.setData(self._steps, logged, connect="finite")
+            few = len(self._steps) <= _DOTS_UP_TO and bool(np.isfinite(logged).any())
+            curve.setData(self._steps, logged, connect="finite", symbol="o" if few else None,
+                          symbolSize=4, symbolBrush=color, symbolPen=None)
             nonfinite = np.flatnonzero(~np.isfinite(raw))
             zeros = np.flatnonzero(raw == 0)
             edge_points.extend((name, int(self._steps[i]), float(raw[i]), True) for i in nonfinite)
@@ -356,7 +359,10 @@ class LossPlot(QWidget):
             self.item.getAxis("left").setLogMode(use_log)
             self.item.setLabel("left", "loss" + (" (log)" if use_log else ""))
         y = log10_display(loss) if use_log else np.where(finite, loss, np.nan)
-        self.curve.setData(steps, y, connect="finite")
+        # Dots while there are few steps: a single step has no line to draw.
+        few = len(steps) <= _DOTS_UP_TO and bool(np.isfinite(y).any())
+        self.curve.setData(steps, y, connect="finite", symbol="o" if few else None,
+                           symbolSize=5, symbolBrush="#333", symbolPen=None)
         self._steps = steps
         self._nonfinite_steps = steps[~finite]
         self.show_selection(view.selected_step)
@@ -698,6 +704,8 @@ class PlotPanel(QWidget):
         history = view.history
         if history.count:
             first, last = float(history.steps[0]), float(history.steps[-1])
+            # At least ten steps wide, so that a short run has whole-step ticks.
+            last = max(last, first + 9)
             self.gradient_norm.item.setXRange(first - 0.5, last + 0.5, padding=0.02)
         layers = sum(1 for name in view.order if history.has_layer(name))
         if layers:

@@ -137,3 +137,27 @@ def test_rewind_reproduces_losses_bit_for_bit():
     runner.apply_settings(runner.settings.replaced(lr=0.5))
     branch = _run_losses(runner, 3)
     assert branch[0] == first[4] and branch[1:] != first[5:7]
+
+
+def test_history_rewind_forgets_the_old_branch():
+    from gradscope.core.history import RunHistory
+
+    source = str(REPO / "sample_models" / "seed_explosion.py")
+    loaded, settings = load_with_settings(source, {"rewind_depth": 3})
+    runner = StepRunner(loaded, settings)
+    history = RunHistory()
+    names = [layer.name for layer in runner.watch.layers]
+    for _ in range(5):
+        result = runner.step()
+        history.append(result.step, result.loss, result.stats, names)
+    assert len(history.events) == 2  # both layers exploding from step 0
+    runner.rewind(3)
+    history.rewind_to(3)
+    assert list(history.steps) == [0, 1, 2]
+    runner.apply_settings(runner.settings.replaced(loss_scale=1.0))
+    result = runner.step()
+    history.append(result.step, result.loss, result.stats, names)
+    assert list(history.steps) == [0, 1, 2, 3]
+    assert history.worst(names[0]) == "exploding"  # from the steps that remain
+    history.rewind_to(0)
+    assert history.count == 0 and history.events == [] and history.worst(names[0]) == "ok"

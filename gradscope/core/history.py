@@ -179,9 +179,24 @@ class RunHistory:
     def losses(self) -> np.ndarray:
         return self.loss[: self.count]
 
-    def truncate(self, count: int) -> None:
-        """Forget every row from ``count`` on (a rewound run's new branch replaces them)."""
-        self.count = min(self.count, max(0, count))
+    def rewind_to(self, step: int) -> None:
+        """Forget step ``step`` and everything after it: a rewound run's new branch replaces
+        them. Events, the first NaN/Inf origin and each layer's worst status are those of the
+        steps that remain."""
+        keep = int(np.searchsorted(self.step_numbers[: self.count], step, side="left"))
+        self.count = keep
+        self.events = [event for event in self.events if event.step < step]
+        if self.first_nonfinite is not None and self.first_nonfinite.step >= step:
+            self.first_nonfinite = None
+        status = self._status[:keep, : len(self.layer_names)]
+        measured = np.where(status == STATUS_MISSING, 0, status)
+        worst = measured.max(axis=0) if keep else np.zeros(len(self.layer_names), np.uint8)
+        self.worst_status[: len(self.layer_names)] = worst
+        self._previous_status = {
+            name: int(status[keep - 1, i]) if keep and status[keep - 1, i] != STATUS_MISSING
+            else STATUS_OK
+            for i, name in enumerate(self.layer_names)
+        }
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self._stats.values()) + self._status.nbytes

@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPointF, Qt
 
 from gradscope.core.history import MISSING
 from gradscope.core.watch import STATUS_NONFINITE
@@ -208,9 +208,12 @@ def test_plot_clicks_select_the_tree_row_and_step(qtbot, window, scripts) -> Non
         window.plots.gradient_norm.curves["0"].opts["pen"].widthF()
     # A heatmap cell maps back to a layer and a step.
     heatmap = window.plots.heatmap
-    scene_pos = heatmap.item.vb.mapViewToScene(heatmap.item.vb.mapToView(
-        heatmap.item.vb.boundingRect().center()))
-    assert heatmap.cell_at(scene_pos) is not None
+    window.grab()
+    scene_pos = heatmap.item.vb.mapViewToScene(QPointF(3, 1))  # step 3, second layer
+    assert heatmap.cell_at(scene_pos)[:2] == ("2", 3)
+    with qtbot.waitSignal(window.plots.selection_made) as blocker:
+        heatmap.selection_made.emit(Selection(*heatmap.cell_at(scene_pos)[:2]))
+    assert blocker.args[0] == Selection("2", 3)
     # Selecting a row in the tree highlights its curve.
     window.tree_view.setCurrentIndex(window.tree_proxy.mapFromSource(
         window.tree_model.index_of("0")))

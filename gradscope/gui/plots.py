@@ -77,8 +77,16 @@ def reduce_steps(matrix: np.ndarray, limit: int = HEATMAP_MAX_COLUMNS) -> tuple[
     return padded.reshape(-1, per_row, matrix.shape[1]).max(axis=1), per_row
 
 
+# Distinct colours for the first layers, without the status red and orange (those mean
+# NaN/Inf and exploding everywhere in the app); later layers cycle through hues.
+_LAYER_PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+                  "#bcbd22", "#7f7f7f", "#393b79", "#637939")
+
+
 def layer_color(position: int) -> QColor:
-    return pg.intColor(position, hues=10, values=2, maxValue=230, minValue=150)
+    if position < len(_LAYER_PALETTE):
+        return QColor(_LAYER_PALETTE[position])
+    return pg.intColor(position, hues=13, values=2, maxValue=220, minValue=140)
 
 
 def _elide(name: str, limit: int = 26) -> str:
@@ -144,7 +152,7 @@ class GradientNormPlot(QWidget):
         self.item.setDownsampling(ds=True, auto=True, mode="peak")
         self.legend = pg.LegendItem(offset=(10, 24), labelTextSize="8pt")
         self.legend.setParentItem(self.item.vb)
-        self.legend.setBrush(pg.mkBrush(255, 255, 255, 150))
+        self.legend.setBrush(pg.mkBrush(255, 255, 255, 205))
         self.legend.setPen(pg.mkPen(200, 200, 200))
         self._legend_names: list[str] = []
         self.curves: dict[str, pg.PlotDataItem] = {}

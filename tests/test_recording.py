@@ -25,6 +25,7 @@ from gradscope.cli import main
 from gradscope.core.errors import GradScopeError
 from gradscope.core.history import MISSING, STATISTICS, RunHistory
 from gradscope.core.module_tree import build_module_tree
+from gradscope.core.origin import Origin
 from gradscope.core.recording import (
     FORMAT_VERSION,
     RecordingReader,
@@ -681,3 +682,42 @@ def test_exiting_without_close_still_writes_every_step(tmp_path):
     _, history = reader.load()
     assert reader.is_finished() and history.count == 3
     assert (history.matrix("update_ratio") > 0).all()
+
+
+def test_rewind_drops_the_abandoned_branch_for_readers_and_followers(tmp_path):
+    path = tmp_path / "rewound.gsrec"
+    model = small_model()
+    watch = GradientWatch(model)
+    live = RunHistory()
+    writer = RecordingWriter(path, build_module_tree(model))
+    for stats in train(watch, model, 10, live, break_at=7):  # a NaN at step 7
+        origin = Origin(7, "forward", "2", "output", "nan") if stats.step == 7 else None
+        writer.append(stats, watch.layers, origin=origin)
+    writer.flush()
+    follower = RecordingReader(path)
+    _, followed = follower.load()
+    assert followed.count == 10 and followed.worst("3") == "nonfinite"
+    assert followed.first_nonfinite is not None
+
+    # The app rewinds to step 5 and trains a finite new branch from there.
+    writer.rewind_to(5)
+    live.rewind_to(5)
+    watch._step = 5  # as StepRunner.rewind sets the watch's step
+    for stats in train(watch, model, 4, live):
+        writer.append(stats, watch.layers)
+    writer.flush()
+    assert follower.read_new_steps(followed) == 4
+    writer.close()
+
+    _, fresh = RecordingReader(path).load()
+    for history in (fresh, followed):
+        assert history.steps.tolist() == list(range(9))
+        for statistic in STATISTICS:
+            np.testing.assert_array_equal(history.matrix(statistic), live.matrix(statistic))
+        assert history.events == live.events
+        assert not any(e.step >= 5 and e.kind == "nonfinite" for e in history.events)
+        assert [history.worst(n) for n in history.layer_names] == [
+            live.worst(n) for n in live.layer_names
+        ]
+        assert "nonfinite" not in {history.worst(n) for n in history.layer_names}
+        assert history.first_nonfinite is None

@@ -17,7 +17,10 @@ Format (``FORMAT_VERSION`` in the ``meta`` table; a reader refuses newer version
   a reader fetch one statistic without touching the others. NaN/Inf counts are sparse
   (``nonfinite_counts``, int64, only steps that have any);
 - ``events`` (status onsets, the NaN/Inf origin, gaps) and ``origins`` (the first non-finite
-  origin's full details as JSON).
+  origin's full details as JSON);
+- ``rewinds``: where the app rewound the run (``RecordingWriter.rewind_to``); the abandoned
+  branch's rows are deleted, so step numbers never decrease from row to row, and a
+  follower rewinds its history when it sees a new entry.
 
 Nothing is pickled: opening a recording runs no code. SQLite's WAL mode lets readers read
 while the writer appends and a committed transaction survives the writer being killed
@@ -143,6 +146,7 @@ CREATE TABLE events(
     layer TEXT, message TEXT NOT NULL);
 CREATE INDEX events_by_row ON events(row);
 CREATE TABLE origins(id INTEGER PRIMARY KEY, row INTEGER NOT NULL, data TEXT NOT NULL);
+CREATE TABLE rewinds(id INTEGER PRIMARY KEY, step INTEGER NOT NULL, row INTEGER NOT NULL);
 """
 _TABLES = (
     "meta",
@@ -150,6 +154,18 @@ _TABLES = (
     "tree",
     "layers",
     "layer_sets",
+    "steps",
+    "grad_norm",
+    "max_abs",
+    "weight_norm",
+    "update_ratio",
+    "status",
+    "nonfinite_counts",
+    "events",
+    "origins",
+    "rewinds",
+)
+_ROW_TABLES = (
     "steps",
     "grad_norm",
     "max_abs",
@@ -277,6 +293,11 @@ def _default_source(model: nn.Module) -> str:
 
 # -- writing ------------------------------------------------------------------------------
 _STOP = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rewind:
+    step: int
 
 
 class _Batch:
@@ -491,6 +512,15 @@ class RecordingWriter:
             self._wake.set()
         return True
 
+    def rewind_to(self, step: int) -> None:
+        """Forget step ``step`` and every later one (the app rewound the run: a new branch
+        replaces them), as :meth:`RunHistory.rewind_to` does. Queued like a step; readers
+        following the recording rewind their history too."""
+        if self._closed:
+            raise GradScopeError(f"the recording {self.path} is closed")
+        self._pending.append(_Rewind(int(step)))
+        self._wake.set()
+
     def flush(self, timeout: float | None = 30.0) -> None:
         """Commit everything queued so far; returns when it is on disk (or on timeout)."""
         if self._closed or not self._thread.is_alive():
@@ -550,6 +580,10 @@ class RecordingWriter:
                         stopping = True
                     elif isinstance(item, threading.Event):
                         markers.append(item)
+                    elif isinstance(item, _Rewind):
+                        self._commit(batch)
+                        batch = _Batch()
+                        self._rewind(item.step)
                     else:
                         self._pack(batch, *item)
                 now = time.monotonic()
@@ -680,16 +714,60 @@ class RecordingWriter:
             batch.events.append((row, step, "origin", origin.module, origin.describe()))
             batch.origins.append((row, json.dumps(origin.to_dict(), default=str)))
 
+    def _rewind(self, step: int) -> None:
+        connection = self._connection
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            self._check_owner()
+            # Rewinds delete the abandoned branch, so step numbers never decrease by row.
+            cut = connection.execute("SELECT MIN(row) FROM steps WHERE step >= ?", (step,))
+            cut_row = cut.fetchone()[0]
+            if cut_row is None:
+                connection.execute("COMMIT")
+                return
+            for table in _ROW_TABLES:
+                connection.execute(f"DELETE FROM {table} WHERE row >= ?", (cut_row,))
+            connection.execute("INSERT INTO rewinds(step, row) VALUES (?, ?)", (step, int(cut_row)))
+            # Worst statuses and onset tracking as of the steps that remain.
+            sets = {
+                set_id: np.frombuffer(blob, dtype=np.int32)
+                for set_id, blob in connection.execute("SELECT id, positions FROM layer_sets")
+            }
+            self._worst[:] = STATUS_OK
+            self._previous_status[:] = STATUS_OK
+            last: tuple[np.ndarray, np.ndarray] | None = None
+            for set_id, blob in connection.execute(
+                "SELECT s.layer_set, v.data FROM steps AS s JOIN status AS v ON v.row = s.row "
+                "ORDER BY s.row"
+            ):
+                positions, status = sets[set_id], np.frombuffer(blob, dtype=np.uint8)
+                self._worst[positions] = np.maximum(self._worst[positions], status)
+                last = (positions, status)
+            if last is not None:
+                self._previous_status[last[0]] = last[1]
+            self._next_row = int(cut_row)
+            connection.executemany(
+                "UPDATE meta SET value = ? WHERE key = ?",
+                [(self._next_row, "rows"), (self._worst.tobytes(), "worst_status")],
+            )
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+
+    def _check_owner(self) -> None:
+        owner = self._connection.execute("SELECT token FROM writer_lock WHERE id = 1").fetchone()
+        if owner is None or owner[0] != self._token:
+            raise GradScopeError(
+                f"another process took over the recording {self.path} (this writer's "
+                f"heartbeat was older than {STALE_SECONDS:.0f} s); recording stopped"
+            )
+
     def _commit(self, batch: _Batch, finished: bool = False) -> None:
         connection = self._connection
         connection.execute("BEGIN IMMEDIATE")
         try:
-            owner = connection.execute("SELECT token FROM writer_lock WHERE id = 1").fetchone()
-            if owner is None or owner[0] != self._token:
-                raise GradScopeError(
-                    f"another process took over the recording {self.path} (this writer's "
-                    f"heartbeat was older than {STALE_SECONDS:.0f} s); recording stopped"
-                )
+            self._check_owner()
             if batch.layers:
                 connection.executemany(
                     "INSERT INTO layers(position, name, type, params) VALUES (?,?,?,?)",
@@ -941,6 +1019,7 @@ class RecordingReader:
         self.decimation = 1
         self._last_row = -1
         self._last_event = 0
+        self._last_rewind = 0
         self._layer_names: list[str] = []
         self._layer_types: list[str] = []
         self._layer_params: list[int] = []
@@ -1001,6 +1080,8 @@ class RecordingReader:
         layer's worst status still covers every step."""
         history = RunHistory()
         self._last_row, self._last_event = -1, 0
+        found = self._query("SELECT MAX(id) FROM rewinds")
+        self._last_rewind = found[0][0] or 0
         self.loss_recorded = np.zeros(0, dtype=bool)
         stride = 1
         if max_rows is not None:
@@ -1070,6 +1151,8 @@ class RecordingReader:
             )
         self._refresh_layers()
         follow = window is None
+        if follow:
+            self._follow_rewinds(history)
         first_row, stop_row = (self._last_row + 1, 2**62) if window is None else window
         span = "row >= ? AND row < ?"
         if stride > 1:
@@ -1218,6 +1301,23 @@ class RecordingReader:
             self._last_row = int(rows[-1])
         self._add_events(history, events, origin_data, follow)
         return n
+
+    def _follow_rewinds(self, history: RunHistory) -> None:
+        """The writer rewound (and deleted rows this history may hold): rewind too."""
+        connection = self._connection
+        rewinds = connection.execute(
+            "SELECT id, step, row FROM rewinds WHERE id > ? ORDER BY row LIMIT 1",
+            (self._last_rewind,),
+        ).fetchone()
+        if rewinds is None:
+            return
+        _, step, cut_row = rewinds
+        history.rewind_to(int(step))
+        self.loss_recorded = self.loss_recorded[: history.count]
+        self._last_row = min(self._last_row, int(cut_row) - 1)
+        kept = connection.execute("SELECT MAX(id) FROM events WHERE row < ?", (cut_row,))
+        self._last_event = kept.fetchone()[0] or 0
+        self._last_rewind = connection.execute("SELECT MAX(id) FROM rewinds").fetchone()[0]
 
     def _add_events(
         self, history: RunHistory, events: list[Any], origin_data: str | None, follow: bool

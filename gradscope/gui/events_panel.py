@@ -3,6 +3,7 @@ RunHistory recorded them. Clicking one selects its layer and step everywhere."""
 
 from __future__ import annotations
 
+import html
 import os
 
 from PySide6.QtCore import Qt, Signal
@@ -11,6 +12,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
     QLabel,
+    QScrollArea,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -33,6 +35,15 @@ _LAYER_ROLE = Qt.ItemDataRole.UserRole + 1
 _STEP_ROLE = Qt.ItemDataRole.UserRole + 2
 
 
+def _value_lines(origin: Origin) -> list[str]:
+    """The engine's lines about the values at the origin (inputs, outputs, gradients)."""
+    try:
+        from gradscope.core.diagnosis import explain
+    except ImportError:  # an engine without the diagnosis module
+        return []
+    return [line.strip() for line in explain(origin) if line.startswith("  ")]
+
+
 def origin_html(origin: Origin) -> str:
     """The origin's fields for the banner above the list."""
     where = ("outside the model (loss code)" if origin.module is None
@@ -45,11 +56,13 @@ def origin_html(origin: Origin) -> str:
     if origin.op:
         parts.append(f"operation <code>{origin.op}</code>")
     if origin.file:
-        code = f": <code>{origin.code.strip()}</code>" if origin.code else ""
+        code = f": <code>{html.escape(origin.code.strip())}</code>" if origin.code else ""
         parts.append(f"{os.path.basename(origin.file)}:{origin.line}{code}")
+    for line in _value_lines(origin):
+        parts.append(f"<code>{html.escape(line)}</code>")
     hint = origin.details.get("hint") if isinstance(origin.details, dict) else None
     if hint:
-        parts.append(f"<i>{hint}</i>")
+        parts.append(f"<i>{html.escape(hint)}</i>")
     return "<br>".join(parts)
 
 
@@ -62,13 +75,21 @@ class EventsPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         self.banner = QLabel()
         self.banner.setWordWrap(True)
+        self.banner.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.banner.setTextFormat(Qt.TextFormat.RichText)
         self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.banner.setStyleSheet(
             "QLabel { background: #fdeeee; border: 1px solid #e3a0a0; "
             "border-radius: 3px; padding: 4px; }")
-        self.banner.setVisible(False)
-        layout.addWidget(self.banner)
+        # In a scroll area of bounded height, so a long diagnosis never hides the list.
+        self.banner_area = QScrollArea()
+        self.banner_area.setWidget(self.banner)
+        self.banner_area.setWidgetResizable(True)
+        self.banner_area.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.banner_area.setMaximumHeight(190)
+        self.banner_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.banner_area.setVisible(False)
+        layout.addWidget(self.banner_area)
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["Step", "Event", "Layer", "Details"])
         self.table.verticalHeader().setVisible(False)
@@ -95,14 +116,14 @@ class EventsPanel(QWidget):
     def clear(self) -> None:
         self.table.setRowCount(0)
         self._shown = 0
-        self.banner.setVisible(False)
+        self.banner_area.setVisible(False)
         self.placeholder.setVisible(True)
 
     def update_events(self, events: list[Event], origin: Origin | None) -> None:
         """Add the events not shown yet; the origin goes to the top and the banner."""
-        if origin is not None and not self.banner.isVisible():
+        if origin is not None and not self.banner_area.isVisible():
             self.banner.setText(origin_html(origin))
-            self.banner.setVisible(True)
+            self.banner_area.setVisible(True)
         new = events[self._shown:]
         if not new:
             return

@@ -416,7 +416,7 @@ class MainWindow(QMainWindow):
                 width = max(380, min(540, int(self.width() * 0.35)))
                 self.resizeDocks([self.layers_dock], [width], Qt.Orientation.Horizontal)
                 self.resizeDocks([self.layers_dock, self.events_dock],
-                                 [int(self.height() * 0.58), int(self.height() * 0.3)],
+                                 [int(self.height() * 0.5), int(self.height() * 0.4)],
                                  Qt.Orientation.Vertical)
 
     # -- worker events -------------------------------------------------------------------

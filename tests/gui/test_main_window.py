@@ -94,7 +94,8 @@ def test_nan_run_pauses_marks_the_origin_and_fills_events(qtbot, window, scripts
     assert events.row_count() >= 2
     assert events.table.item(0, 1).text() == "NaN/Inf origin"
     assert events.table.item(0, 2).text() == "features"
-    assert events.banner.isVisible() and "step 2" in events.banner.text()
+    assert events.banner_area.isVisible() and "step 2" in events.banner.text()
+    assert "torch.log" in events.banner.text() and "output (" in events.banner.text()
     # Non-finite points are markers at the plot edge, and red cells in the heatmap.
     assert len(window.plots.gradient_norm.markers.points()) >= 1
     heatmap = window.plots.heatmap

@@ -120,7 +120,10 @@ class EventsPanel(QWidget):
         self.placeholder.setVisible(True)
 
     def update_events(self, events: list[Event], origin: Origin | None) -> None:
-        """Add the events not shown yet; the origin goes to the top and the banner."""
+        """Add the events not shown yet; the origin goes to the top and the banner. A
+        history that lost events (a rewound run) is shown afresh."""
+        if len(events) < self._shown or (origin is None and self.banner_area.isVisible()):
+            self.clear()
         if origin is not None and not self.banner_area.isVisible():
             self.banner.setText(origin_html(origin))
             self.banner_area.setVisible(True)

@@ -58,6 +58,7 @@ from gradscope.gui.plots import PlotPanel, PlotView, layer_color
 from gradscope.gui.selection import Selection
 from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
 from gradscope.gui.status_style import STATUS_COLORS, format_value
+from gradscope.gui.step_debugger import StepDebugger
 from gradscope.gui.worker import (
     LoadRequest,
     ModelLoaded,
@@ -78,6 +79,7 @@ _STATE_TEXT = {
     "running": ("Running", "#1f5fb4"),
     "paused": ("Paused", "#a05a00"),
     "halted": ("Paused at NaN/Inf", "#c00000"),
+    "before_apply": ("Paused before optimizer step", "#a05a00"),
     "done": ("Finished", "#2c7a2c"),
     "stopped": ("Stopped", "#666"),
     "failed": ("Error", "#c00000"),
@@ -130,6 +132,8 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._build_toolbar()
         self._build_status_bar()
+        self.debugger = StepDebugger(self)
+        self.debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
         self._update_actions()
 
         self.refresh_timer = QTimer(self)
@@ -257,7 +261,7 @@ class MainWindow(QMainWindow):
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
-        file_menu = bar.addMenu("&File")
+        self.file_menu = file_menu = bar.addMenu("&File")
         file_menu.addAction(self.open_action)
         file_menu.addAction(self.open_torchvision_action)
         self.samples_menu = file_menu.addMenu("Open &sample")
@@ -271,12 +275,12 @@ class MainWindow(QMainWindow):
         file_menu.addAction(self.export_csv_action)
         file_menu.addSeparator()
         file_menu.addAction(self.quit_action)
-        run_menu = bar.addMenu("&Run")
+        self.run_menu = run_menu = bar.addMenu("&Run")
         for action in (self.run_action, self.pause_action, self.step_action, self.stop_action):
             run_menu.addAction(action)
         run_menu.addSeparator()
         run_menu.addAction(self.restart_action)
-        view_menu = bar.addMenu("&View")
+        self.view_menu = view_menu = bar.addMenu("&View")
         for dock in (self.layers_dock, self.settings_dock, self.events_dock):
             view_menu.addAction(dock.toggleViewAction())
         view_menu.addSeparator()
@@ -595,6 +599,8 @@ class MainWindow(QMainWindow):
             explode_threshold=settings.explode_threshold,
             vanish_threshold=settings.vanish_threshold,
             colors=self._colors,
+            flow=self.debugger.flow_override,
+            flow_title=self.debugger.flow_title,
         )
         self.plots.refresh(view)
         self._refresh_tree_values(step)
@@ -687,14 +693,19 @@ class MainWindow(QMainWindow):
         state = self.state
         has_model = self.source is not None
         self.run_action.setEnabled(has_model and state in ("ready", "paused", "halted", "done",
-                                                           "stopped", "failed"))
-        self.run_action.setText("&Continue" if state in ("paused", "halted") else "&Run")
+                                                           "stopped", "failed", "before_apply"))
+        self.run_action.setText(
+            "&Continue" if state in ("paused", "halted", "before_apply") else "&Run")
         self.pause_action.setEnabled(state == "running")
-        self.step_action.setEnabled(state in ("ready", "paused", "halted", "done"))
-        self.stop_action.setEnabled(state in ("running", "paused", "halted", "done"))
+        self.step_action.setEnabled(state in ("ready", "paused", "halted", "done", "before_apply"))
+        self.stop_action.setEnabled(state in ("running", "paused", "halted", "done",
+                                              "before_apply"))
         self.restart_action.setEnabled(has_model and state != "loading")
         self.export_png_action.setEnabled(self.history.count > 0 or state != "empty")
         self.export_csv_action.setEnabled(True)
+        debugger = getattr(self, "debugger", None)
+        if debugger is not None:
+            debugger.update_actions()
 
     # -- persistence ---------------------------------------------------------------------
     def _fill_samples_menu(self) -> None:

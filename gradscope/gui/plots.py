@@ -20,6 +20,7 @@ from PySide6.QtGui import QColor, QFont
 from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
+from gradscope.core.watch import classify
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     NONFINITE_MARKER_COLOR,
@@ -52,6 +53,18 @@ class PlotView:
     explode_threshold: float = 1000.0
     vanish_threshold: float = 1e-7
     colors: dict[str, QColor] = field(default_factory=dict)
+    # While a traced backward pass is walked: each layer's gradient norm so far (layers not
+    # reached yet are absent), shown by the gradient-flow chart instead of the step's row.
+    flow: dict[str, float] | None = None
+    flow_title: str | None = None
+
+
+def classify_for_display(value: float, view: PlotView) -> int:
+    """A trace value's status colour, with the engine's rule (watch.classify)."""
+    if value == MISSING:
+        return STATUS_MISSING
+    return int(classify(np.array([value]), np.zeros(1), view.explode_threshold,
+                        view.vanish_threshold)[0])
 
 
 def log10_display(values: np.ndarray) -> np.ndarray:
@@ -585,10 +598,14 @@ class GradientFlowPlot(QWidget):
             self._values = np.zeros(0)
             return
         self.step = int(history.steps[row])
-        self.widget.setTitle(f"Gradient flow at step {self.step}", size="10pt")
+        self.widget.setTitle(view.flow_title if view.flow is not None else
+                             f"Gradient flow at step {self.step}", size="10pt")
         columns = [history.column(name) for name in order]
         values = history.matrix("grad_norm")[row, columns].astype(np.float64)
         status = history.status_matrix()[row, columns]
+        if view.flow is not None:
+            values = np.array([view.flow.get(name, MISSING) for name in order])
+            status = np.array([classify_for_display(v, view) for v in values], dtype=np.uint8)
         self._values = values
         logged = log10_display(values)
         finite = np.isfinite(logged)

@@ -66,10 +66,23 @@ class WatchChanged:
 @dataclass(frozen=True)
 class RunPaused:
     """A run request ended. ``reason``: "requested" (Pause), "stopped" (Stop),
-    "nonfinite" (the engine halted at a NaN/Inf), "completed" or "failed"."""
+    "nonfinite" (the engine halted at a NaN/Inf), "before_apply" (paused before the
+    optimizer step: the gradients are complete, Apply continues), "completed" or "failed".
+    ``rewind_steps``: the steps the run can go back to, ``snapshot_bytes`` what that keeps."""
 
     reason: str
     steps_done: int
+    rewind_steps: list[int] = field(default_factory=list)
+    snapshot_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RunRewound:
+    """The engine went back to just before ``step``; later steps are gone."""
+
+    step: int
+    rewind_steps: list[int]
+    snapshot_bytes: int
 
 
 @dataclass(frozen=True)
@@ -99,10 +112,13 @@ class RunWorker(QObject):
     watch_changed = Signal(object)  # WatchChanged
     run_paused = Signal(object)  # RunPaused
     run_failed = Signal(object)  # RunFailed
+    run_rewound = Signal(object)  # RunRewound
 
     def __init__(self) -> None:
         super().__init__()
         self.runner: Any = None
+        # Stop each step after backward, before the optimizer (set from the GUI thread).
+        self.pause_before_apply = False
         self._lock = threading.Lock()
         self._pending_settings: Any = None
         self.stop_requested = False
@@ -164,6 +180,22 @@ class RunWorker(QObject):
         reason = "completed"
         # A halt is a breakpoint: continuing means taking the next step.
         runner.halted = False
+        if runner.pending_step is not None:
+            # Paused before the optimizer step: Apply (or Run) applies it with the settings
+            # as they are now (a clip or learning rate changed while paused counts).
+            if not self._apply_pending_settings():
+                self.run_paused.emit(self._paused("failed", 0))
+                return
+            try:
+                runner.apply(runner.pending_step)
+            except Exception as error:
+                message, details = describe_error(error)
+                self.run_failed.emit(RunFailed("step", message, details))
+                self.run_paused.emit(self._paused("failed", 0))
+                return
+            if count <= 0:
+                self.run_paused.emit(self._paused("completed", 0))
+                return
         while done < count:
             if self.stop_requested:
                 reason = "stopped"
@@ -175,7 +207,10 @@ class RunWorker(QObject):
                 reason = "failed"
                 break
             try:
-                result = runner.step()
+                if self.pause_before_apply:
+                    result = runner.compute()
+                else:
+                    result = runner.step()
             except Exception as error:  # shown to the user, the app goes on
                 message, details = describe_error(error)
                 self._emit_records(pending)
@@ -191,8 +226,33 @@ class RunWorker(QObject):
             if runner.halted:
                 reason = "nonfinite"
                 break
+            if runner.pending_step is not None:
+                reason = "nonfinite" if result.nonfinite else "before_apply"
+                break
         self._emit_records(pending)
-        self.run_paused.emit(RunPaused(reason, done))
+        self.run_paused.emit(self._paused(reason, done))
+
+    @Slot(int)
+    def rewind(self, step: int) -> None:
+        """Go back to just before ``step`` (see StepRunner.rewind)."""
+        runner = self.runner
+        if runner is None:
+            return
+        try:
+            runner.rewind(step)
+        except Exception as error:
+            message, details = describe_error(error)
+            self.run_failed.emit(RunFailed("settings", message, details))
+            self.run_paused.emit(self._paused("failed", 0))
+            return
+        self.run_rewound.emit(RunRewound(step, runner.rewind_steps, runner.snapshot_bytes()))
+        self.run_paused.emit(self._paused("requested", 0))
+
+    def _paused(self, reason: str, done: int) -> RunPaused:
+        runner = self.runner
+        if runner is None:
+            return RunPaused(reason, done)
+        return RunPaused(reason, done, runner.rewind_steps, runner.snapshot_bytes())
 
     # -- helpers -------------------------------------------------------------------------
     def _record(self, result: Any) -> StepRecord:
@@ -254,6 +314,7 @@ class RunThread(QObject):
 
     load_requested = Signal(object)
     run_requested = Signal(int)
+    rewind_requested = Signal(int)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -263,6 +324,7 @@ class RunThread(QObject):
         self.worker.moveToThread(self.thread)
         self.load_requested.connect(self.worker.load)
         self.run_requested.connect(self.worker.run)
+        self.rewind_requested.connect(self.worker.rewind)
         self.busy = False
         self.thread.start()
 
@@ -273,11 +335,27 @@ class RunThread(QObject):
 
     def run(self, count: int) -> bool:
         """Start ``count`` steps unless a request is already going; True when started."""
-        if self.busy or count <= 0:
+        if self.busy or count < 0:
             return False
         self.busy = True
         self.worker.clear_flags()
         self.run_requested.emit(count)
+        return True
+
+    def apply_pending(self) -> bool:
+        """Apply a step paused before its optimizer update, and take no further step."""
+        if self.busy:
+            return False
+        self.busy = True
+        self.worker.clear_flags()
+        self.run_requested.emit(0)
+        return True
+
+    def rewind(self, step: int) -> bool:
+        if self.busy:
+            return False
+        self.busy = True
+        self.rewind_requested.emit(step)
         return True
 
     def mark_idle(self) -> None:

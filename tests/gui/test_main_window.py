@@ -258,3 +258,14 @@ def test_opening_a_model_during_a_run_stops_it_and_loads(qtbot, window, scripts)
     assert window.tree_model.watched_layers() == ["0", "2"]
     assert run_and_wait(qtbot, window, window.run).reason == "completed"
     assert window.history.count == 5
+
+
+def test_events_panel_follows_a_history_that_lost_events(qtbot, window, scripts) -> None:
+    open_and_wait(qtbot, window, scripts["nan"])
+    run_and_wait(qtbot, window, window.run)
+    assert window.events_panel.row_count() >= 2
+    window.history.events.clear()
+    window.history.first_nonfinite = None
+    window._refresh()
+    assert window.events_panel.row_count() == 0
+    assert not window.events_panel.banner_area.isVisible()

@@ -1,0 +1,184 @@
+"""Debugging one step: the trace timeline, the diagnosis pane, "pause before the optimizer
+step" with Apply, and Rewind. Wires those widgets to the window and its run thread; the
+engine does the work (trace events, rewind snapshots), this only asks and shows."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QInputDialog, QLabel, QStyle
+
+from gradscope.core.trace import BACKWARD, TraceEvent, gradients_until
+from gradscope.gui.diagnosis_pane import DiagnosisPane
+from gradscope.gui.timeline import TraceCursor, TraceTimeline
+from gradscope.gui.worker import RunPaused, RunRewound, StepsFinished
+
+if TYPE_CHECKING:
+    from gradscope.gui.main_window import MainWindow
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:.1f} MB"
+
+
+class StepDebugger(QObject):
+    """Owns the "Step trace" and "Diagnosis" docks and the Apply/Rewind actions."""
+
+    rewound = Signal(int)  # the step the run went back to (after the window forgot the rest)
+
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self.window = window
+        self.timeline = TraceTimeline()
+        self.diagnosis = DiagnosisPane()
+        self.trace_events: list[TraceEvent] = []
+        self.flow_override: dict[str, float] | None = None
+        self.flow_title: str | None = None
+        self.rewind_steps: list[int] = []
+        self.snapshot_bytes = 0
+        self._origin_shown = None
+
+        self.trace_dock = window._dock("Step trace", "trace", self.timeline)
+        self.diagnosis_dock = window._dock("Diagnosis", "diagnosis", self.diagnosis)
+        window.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.trace_dock)
+        window.tabifyDockWidget(window.events_dock, self.diagnosis_dock)
+        window.events_dock.raise_()
+        self.trace_dock.hide()
+
+        sp = QStyle.StandardPixmap
+        self.pause_before_apply_action = QAction("Pause &before optimizer step", window)
+        self.pause_before_apply_action.setCheckable(True)
+        self.pause_before_apply_action.setStatusTip(
+            "Stop each step after backward: look at the complete gradients, change clip or "
+            "learning rate, then Apply")
+        self.pause_before_apply_action.toggled.connect(self._on_pause_before_apply_toggled)
+        self.apply_action = window._action(
+            "&Apply optimizer step", self.apply, "F11", sp.SP_DialogApplyButton,
+            "Apply the optimizer step of the step paused before it")
+        self.rewind_action = window._action(
+            "Re&wind…", self.ask_rewind, "Ctrl+Z", sp.SP_MediaSeekBackward,
+            "Go back to before an earlier step and run again from there")
+        self.memory_label = QLabel("")
+        self.memory_label.setStyleSheet("padding: 0 8px;")
+        window.statusBar().addPermanentWidget(self.memory_label)
+
+        worker = window.run_thread.worker
+        worker.steps_finished.connect(self._on_worker_steps_finished)
+        worker.run_rewound.connect(self._on_worker_run_rewound)
+        window.run_paused.connect(self._on_window_run_paused)
+        window.model_loaded.connect(self._on_window_model_loaded)
+        self.timeline.event_selected.connect(self._on_timeline_event_selected)
+        self.update_actions()
+
+    def install_menus(self, run_menu: Any, view_menu: Any, toolbar: Any) -> None:
+        run_menu.addSeparator()
+        run_menu.addAction(self.pause_before_apply_action)
+        run_menu.addAction(self.apply_action)
+        run_menu.addAction(self.rewind_action)
+        view_menu.addAction(self.trace_dock.toggleViewAction())
+        view_menu.addAction(self.diagnosis_dock.toggleViewAction())
+        toolbar.insertAction(toolbar.actions()[-2], self.rewind_action)
+
+    # -- commands ----------------------------------------------------------------------
+    def apply(self) -> None:
+        window = self.window
+        if window.state == "before_apply" and window.run_thread.apply_pending():
+            window._set_state("running")
+
+    def ask_rewind(self) -> None:
+        if not self.rewind_steps:
+            self.window.statusBar().showMessage(
+                "Nothing to rewind to: set Rewind depth in Run settings (it keeps that many "
+                "steps)", 8000)
+            return
+        labels = [f"before step {step}" for step in reversed(self.rewind_steps)]
+        choice, ok = QInputDialog.getItem(
+            self.window, "Rewind", f"Go back to ({_megabytes(self.snapshot_bytes)} kept):",
+            labels, 0, False)
+        if ok:
+            self.rewind(int(choice.rsplit(" ", 1)[-1]))
+
+    def rewind(self, step: int) -> bool:
+        if self.window.state == "running":
+            return False
+        if self.window.run_thread.rewind(step):
+            self.window._set_state("running")
+            return True
+        return False
+
+    def update_actions(self) -> None:
+        state = self.window.state
+        self.apply_action.setEnabled(state == "before_apply")
+        self.rewind_action.setEnabled(
+            bool(self.rewind_steps) and state not in ("running", "loading", "empty"))
+        self.memory_label.setText(
+            f"rewind: {len(self.rewind_steps)} step(s), {_megabytes(self.snapshot_bytes)}"
+            if self.rewind_steps else "")
+
+    # -- events ------------------------------------------------------------------------
+    def _on_pause_before_apply_toggled(self, checked: bool) -> None:
+        self.window.run_thread.worker.pause_before_apply = checked
+
+    @Slot(object)
+    def _on_window_model_loaded(self, _payload: Any) -> None:
+        self.trace_events = []
+        self.timeline.set_events([])
+        self.flow_override = None
+        self.rewind_steps, self.snapshot_bytes = [], 0
+        self.diagnosis.show_origin(None)
+        self._origin_shown = None
+        self.update_actions()
+
+    @Slot(object)
+    def _on_worker_steps_finished(self, payload: StepsFinished) -> None:
+        traced = [r.result.trace for r in payload.records if r.result.trace is not None]
+        if traced:
+            self.trace_events = traced[-1]
+            self.timeline.set_events(self.trace_events)
+            if not self.trace_dock.isVisible():
+                self.trace_dock.show()
+
+    @Slot(object)
+    def _on_window_run_paused(self, payload: RunPaused) -> None:
+        self.rewind_steps = list(payload.rewind_steps)
+        self.snapshot_bytes = payload.snapshot_bytes
+        window = self.window
+        if payload.reason == "before_apply":
+            window._set_state("before_apply")
+        origin = window.history.first_nonfinite
+        if origin is not None and origin is not self._origin_shown:
+            self._origin_shown = origin
+            self.diagnosis.show_origin(origin)
+            self.diagnosis_dock.show()
+            self.diagnosis_dock.raise_()
+        self.update_actions()
+
+    @Slot(object)
+    def _on_worker_run_rewound(self, payload: RunRewound) -> None:
+        window = self.window
+        window.history.rewind_to(payload.step)
+        if window.history.first_nonfinite is None:
+            window.tree_model.set_origin(None)
+            window._origin_shown = False
+            self.diagnosis.show_origin(None)
+            self._origin_shown = None
+        window.selected_step = None
+        self.rewind_steps = list(payload.rewind_steps)
+        self.snapshot_bytes = payload.snapshot_bytes
+        self.flow_override = None
+        window._dirty = True
+        self.rewound.emit(payload.step)
+        self.update_actions()
+
+    @Slot(object)
+    def _on_timeline_event_selected(self, cursor: TraceCursor) -> None:
+        event = cursor.event
+        window = self.window
+        if event.phase == BACKWARD:
+            self.flow_override = gradients_until(self.trace_events, cursor.index)
+            self.flow_title = f"Gradient flow at step {event.step}, event {cursor.index + 1}"
+        else:
+            self.flow_override = None
+        window.select(layer=event.module, step=event.step)

@@ -112,21 +112,24 @@ class EventsPanel(QWidget):
         self.table.cellClicked.connect(self._on_table_cell_clicked)
         self.table.cellActivated.connect(self._on_table_cell_clicked)
         self._shown = 0
+        self._banner_shown = False
 
     def clear(self) -> None:
         self.table.setRowCount(0)
         self._shown = 0
+        self._banner_shown = False
         self.banner_area.setVisible(False)
         self.placeholder.setVisible(True)
 
     def update_events(self, events: list[Event], origin: Origin | None) -> None:
         """Add the events not shown yet; the origin goes to the top and the banner. A
         history that lost events (a rewound run) is shown afresh."""
-        if len(events) < self._shown or (origin is None and self.banner_area.isVisible()):
+        if len(events) < self._shown or (origin is None and self._banner_shown):
             self.clear()
-        if origin is not None and not self.banner_area.isVisible():
+        if origin is not None and not self._banner_shown:
             self.banner.setText(origin_html(origin))
             self.banner_area.setVisible(True)
+            self._banner_shown = True
         new = events[self._shown:]
         if not new:
             return

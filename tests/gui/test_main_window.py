@@ -94,7 +94,7 @@ def test_nan_run_pauses_marks_the_origin_and_fills_events(qtbot, window, scripts
     assert events.row_count() >= 2
     assert events.table.item(0, 1).text() == "NaN/Inf origin"
     assert events.table.item(0, 2).text() == "features"
-    assert events.banner_area.isVisible() and "step 2" in events.banner.text()
+    assert events.banner_area.isVisibleTo(events) and "step 2" in events.banner.text()
     assert "torch.log" in events.banner.text() and "output (" in events.banner.text()
     # Non-finite points are markers at the plot edge, and red cells in the heatmap.
     assert len(window.plots.gradient_norm.markers.points()) >= 1
@@ -268,4 +268,4 @@ def test_events_panel_follows_a_history_that_lost_events(qtbot, window, scripts)
     window.history.first_nonfinite = None
     window._refresh()
     assert window.events_panel.row_count() == 0
-    assert not window.events_panel.banner_area.isVisible()
+    assert not window.events_panel.banner_area.isVisibleTo(window.events_panel)

@@ -380,6 +380,11 @@ class StepRunner:
         result.seconds += time.perf_counter() - started
         return result
 
+    @property
+    def pending_step(self) -> StepResult | None:
+        """A step computed but not yet applied (paused before the optimizer step)."""
+        return self._computed
+
     # -- rewind ------------------------------------------------------------------------
     def _take_snapshot(self) -> None:
         depth = self.settings.rewind_depth

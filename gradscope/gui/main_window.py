@@ -5,6 +5,7 @@ engine measured."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import time
 from collections import deque
@@ -116,9 +117,14 @@ class MainWindow(QMainWindow):
         self._layer_order: list[str] = []
         self._layout_done = False
         self._next_refresh = 0.0
+        self._restart_settings: RunSettings | None = None
         self._state_restored = False
 
         self.run_thread = RunThread(self)
+        # However the app ends, the run thread is joined before Qt tears down.
+        app = QApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.run_thread.shutdown)
         worker = self.run_thread.worker
         worker.model_loaded.connect(self._on_worker_model_loaded)
         worker.steps_finished.connect(self._on_worker_steps_finished)
@@ -368,8 +374,12 @@ class MainWindow(QMainWindow):
     def restart(self, run_after_load: bool = False) -> None:
         if self.source is None or self.state == "loading":
             return
-        overrides = self.settings_panel.settings().to_dict()
+        settings = self.settings_panel.settings()
+        overrides = settings.to_dict()
         overrides["layers"] = self.tree_model.watched_layers() if self.tree_model.tree else None
+        # load_with_settings drops None overrides, so "clip off" cannot override a script's
+        # CONFIG clip there; the panel's settings are applied again once the model is built.
+        self._restart_settings = dataclasses.replace(settings, layers=overrides["layers"])
         self.open_model(self.source, overrides, self.weights, run_after_load=run_after_load)
 
     def follow_latest(self) -> None:
@@ -445,6 +455,11 @@ class MainWindow(QMainWindow):
         self._loaded_settings = payload.settings
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
         self.settings_panel.set_layers(payload.settings.layers)
+        wanted, self._restart_settings = self._restart_settings, None
+        if wanted is not None and wanted.clip != payload.settings.clip:
+            corrected = dataclasses.replace(payload.settings, clip=wanted.clip)
+            self.settings_panel.set_settings(corrected, running=payload.settings)
+            self.run_thread.queue_settings(corrected)
         self.setWindowTitle(f"GradScope — {payload.display_name}")
         self.model_label.setText(payload.display_name)
         self.device_label.setText(f"device: {payload.device}")

@@ -633,8 +633,11 @@ class GradientFlowPlot(QWidget):
             x1.append(end)
             ys.append(i)
             brushes.append(pg.mkBrush(STATUS_COLORS.get(int(status[i]), "#7f7f7f")))
-        self.bars.setOpts(x0=x0, x1=x1, y=ys, height=0.72, brushes=brushes,
-                          pens=[pg.mkPen(None)] * len(ys))
+        if ys:
+            self.bars.setOpts(x0=x0, x1=x1, y=ys, height=0.72, brushes=brushes,
+                              pens=[pg.mkPen(None)] * len(ys))
+        else:  # pyqtgraph's BarGraphItem fails on an empty pens list
+            self.bars.setOpts(x0=[], x1=[], y=[], brushes=[])
         self.item.setXRange(low, high, padding=0.02)
         self.show_selection(view.selected_layer)
 

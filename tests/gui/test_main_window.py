@@ -269,3 +269,22 @@ def test_events_panel_follows_a_history_that_lost_events(qtbot, window, scripts)
     window._refresh()
     assert window.events_panel.row_count() == 0
     assert not window.events_panel.banner_area.isVisibleTo(window.events_panel)
+
+
+def test_restart_keeps_clipping_off_over_a_config_clip(qtbot, window, tmp_path) -> None:
+    script = tmp_path / "clipped.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\n"
+        "CONFIG = {'steps': 3, 'clip': 1.0, 'device': 'cpu'}\n"
+        "def build_model():\n    return nn.Linear(3, 1)\n"
+        "def make_batch(batch_size, device):\n"
+        "    return torch.randn(batch_size, 3), torch.randn(batch_size, 1)\n"
+    )
+    open_and_wait(qtbot, window, str(script))
+    assert window.settings_panel.settings().clip == 1.0
+    window.settings_panel.clip_enabled.setChecked(False)
+    with qtbot.waitSignal(window.model_loaded, timeout=LOAD_TIMEOUT):
+        window.restart()
+    assert window.settings_panel.settings().clip is None
+    run_and_wait(qtbot, window, window.step)
+    assert window.run_thread.worker.runner.settings.clip is None

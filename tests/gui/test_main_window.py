@@ -288,3 +288,18 @@ def test_restart_keeps_clipping_off_over_a_config_clip(qtbot, window, tmp_path) 
     assert window.settings_panel.settings().clip is None
     run_and_wait(qtbot, window, window.step)
     assert window.run_thread.worker.runner.settings.clip is None
+
+
+def test_closing_during_a_slow_load_joins_the_thread(qtbot, window, tmp_path) -> None:
+    script = tmp_path / "slow_build.py"
+    script.write_text(
+        "import time\nimport torch\nfrom torch import nn\n"
+        "def build_model():\n    time.sleep(1.0)\n    return nn.Linear(3, 1)\n"
+        "def make_batch(batch_size, device):\n"
+        "    return torch.randn(batch_size, 3), torch.randn(batch_size, 1)\n"
+    )
+    window.open_model(str(script))
+    assert window.state == "loading"
+    qtbot.wait(200)
+    window.close()
+    assert not window.run_thread.thread.isRunning()

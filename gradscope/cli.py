@@ -296,12 +296,39 @@ def app_command(argv: Sequence[str]) -> int:
     )
 
 
+def open_command(argv: Sequence[str]) -> int:
+    """``gradscope open RECORDING``: the app on a recording (following it while it is being
+    written). A file that is no readable recording is reported here, before any window."""
+    parser = argparse.ArgumentParser(
+        prog="gradscope open", description="Show a GradScope recording in the app."
+    )
+    parser.add_argument("recording", help="a .gsrec file written by gradscope.watch(record=...)")
+    parser.add_argument("--screenshot", metavar="PNG", help="save a screenshot and exit")
+    args = parser.parse_args(list(argv))
+    from gradscope.core.errors import GradScopeError
+    from gradscope.core.recording import RecordingReader
+
+    try:
+        RecordingReader(args.recording).close()
+    except GradScopeError as error:
+        _print_error(error)
+        return EXIT_BAD_INPUT
+    try:
+        from gradscope.gui.app import launch
+    except ImportError as error:
+        print(f"gradscope: error: the app cannot start: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return launch(model=None, overrides={}, screenshot=args.screenshot, recording=args.recording)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
         return run_command(argv[1:])
     if argv and argv[0] == "report":
         return report_command(argv[1:])
+    if argv and argv[0] == "open":
+        return open_command(argv[1:])
     return app_command(argv)
 
 

@@ -57,7 +57,9 @@ def default_model(preferences: Any) -> str | None:
 
 
 def launch(model: str | None, overrides: dict[str, Any], weights: str | None = None,
-           screenshot: str | None = None) -> int:
+           screenshot: str | None = None, recording: str | None = None) -> int:
+    """Open the window on ``model`` (or the last one, or the default sample), or on a
+    ``recording`` (``gradscope open RECORDING``)."""
     from PySide6.QtCore import QSettings, QTimer
 
     from gradscope.gui.main_window import MainWindow
@@ -71,7 +73,7 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     else:
         window.resize(*_window_size())
     window.show()
-    source = model or default_model(preferences)
+    source = None if recording else (model or default_model(preferences))
     exit_code = {"value": 0}
 
     if screenshot is not None:
@@ -94,6 +96,11 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
         if source is None:
             QTimer.singleShot(300, save_and_quit)
 
+    if recording is not None:
+        if not window.recordings.open_recording(recording):
+            exit_code["value"] = 2
+        if screenshot is not None:
+            QTimer.singleShot(800, save_and_quit)
     if source is not None:
         window.open_model(source, overrides, weights, run_after_load=screenshot is not None)
     app.exec()

@@ -56,6 +56,7 @@ from gradscope.gui.module_tree_model import (
     ModuleTreeModel,
 )
 from gradscope.gui.plots import PlotPanel, PlotView, layer_color
+from gradscope.gui.recordings import RecordingController
 from gradscope.gui.selection import Selection
 from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
 from gradscope.gui.status_style import STATUS_COLORS, format_value
@@ -81,6 +82,7 @@ _STATE_TEXT = {
     "paused": ("Paused", "#a05a00"),
     "halted": ("Paused at NaN/Inf", "#c00000"),
     "before_apply": ("Paused before optimizer step", "#a05a00"),
+    "recording": ("Recording (read-only)", "#444"),
     "done": ("Finished", "#2c7a2c"),
     "stopped": ("Stopped", "#666"),
     "failed": ("Error", "#c00000"),
@@ -140,6 +142,8 @@ class MainWindow(QMainWindow):
         self._build_status_bar()
         self.debugger = StepDebugger(self)
         self.debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
+        self.recordings = RecordingController(self)
+        self.recordings.install_menus(self.file_menu, self.view_menu)
         self._update_actions()
 
         self.refresh_timer = QTimer(self)
@@ -434,6 +438,38 @@ class MainWindow(QMainWindow):
                                  Qt.Orientation.Vertical)
 
     # -- worker events -------------------------------------------------------------------
+    def _show_tree(self, tree: Any, watched: list[str]) -> None:
+        self.plots.clear()
+        self.events_panel.clear()
+        self.tree_model.set_tree(tree, watched)
+        watched_set = set(watched)
+        self._layer_order = [node.name for node in tree
+                             if node.own_params > 0 or node.name in watched_set]
+        self._colors = {name: layer_color(i) for i, name in enumerate(self._layer_order)}
+        self.tree_view.expandToDepth(1 if len(tree) > 40 else 3)
+        self.selected_layer = None
+
+    def show_recorded_run(self, tree: Any, history: RunHistory, display_name: str,
+                          settings: RunSettings) -> None:
+        """Show a recording: its module tree and history, without a model (nothing to run).
+        The recording's own code (gui/recordings.py) keeps it up to date when following."""
+        if self.state == "running":
+            self.run_thread.stop()
+        self.source = None
+        self.loaded = None
+        self.history = history
+        self._rate.clear()
+        self._origin_shown = False
+        self.selected_step = None
+        self._show_tree(tree, list(history.layer_names))
+        self.settings_panel.set_settings(settings, running=settings)
+        self.setWindowTitle(f"GradScope — {display_name}")
+        self.model_label.setText(display_name)
+        self.device_label.setText("device: -")
+        self._set_state("recording")
+        self._dirty = True
+        self._refresh()
+
     @Slot(object)
     def _on_worker_model_loaded(self, payload: ModelLoaded) -> None:
         self.run_thread.mark_idle()
@@ -442,16 +478,7 @@ class MainWindow(QMainWindow):
         self._rate.clear()
         self._origin_shown = False
         self.selected_step = None
-        self.plots.clear()
-        self.events_panel.clear()
-        watched = [layer.name for layer in payload.layers]
-        self.tree_model.set_tree(payload.tree, watched)
-        watched_set = set(watched)
-        self._layer_order = [node.name for node in payload.tree
-                             if node.own_params > 0 or node.name in watched_set]
-        self._colors = {name: layer_color(i) for i, name in enumerate(self._layer_order)}
-        self.tree_view.expandToDepth(1 if len(payload.tree) > 40 else 3)
-        self.selected_layer = None
+        self._show_tree(payload.tree, [layer.name for layer in payload.layers])
         self._loaded_settings = payload.settings
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
         self.settings_panel.set_layers(payload.settings.layers)
@@ -802,10 +829,13 @@ class MainWindow(QMainWindow):
             self.preferences.sync()
         self.refresh_timer.stop()
         self.run_thread.shutdown()
+        # after the run thread: no step can arrive for the recording any more
+        self.recordings.close()
         super().closeEvent(event)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        if any(url.toLocalFile().endswith(".py") for url in event.mimeData().urls()):
+        if any(url.toLocalFile().endswith((".py", ".gsrec"))
+               for url in event.mimeData().urls()):
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:
@@ -813,6 +843,10 @@ class MainWindow(QMainWindow):
             path = url.toLocalFile()
             if path.endswith(".py"):
                 self.open_model(path)
+                event.acceptProposedAction()
+                return
+            if path.endswith(".gsrec"):
+                self.recordings.open_recording(path)
                 event.acceptProposedAction()
                 return
 

@@ -12,6 +12,7 @@ from pathlib import Path
 # Before any Qt import: no display here, and never touch the user's own preferences.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="gradscope-test-config-")
+os.environ["GRADSCOPE_RUNS_DIR"] = tempfile.mkdtemp(prefix="gradscope-test-runs-")
 
 import pytest
 from PySide6.QtCore import QSettings, QThread

@@ -1,0 +1,256 @@
+"""Recordings in the app: every run the app starts is recorded to a per-user folder (so
+closing the app or a crash loses nothing), File > Open recording shows one without its model,
+and "Follow" keeps a recording that another process is still writing up to date, about
+twice a second. The engine's RecordingWriter/RecordingReader do the work."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, QStandardPaths, QTimer, Signal, Slot
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QFileDialog, QLabel
+
+from gradscope.core.errors import GradScopeError
+from gradscope.core.module_tree import ModuleTree
+from gradscope.core.settings import SETTING_NAMES, RunSettings
+from gradscope.core.watch import LayerInfo
+from gradscope.gui.dialogs import ErrorDialog
+from gradscope.gui.worker import ModelLoaded, StepsFinished
+
+if TYPE_CHECKING:
+    from gradscope.core.history import RunHistory
+    from gradscope.core.recording import RecordingReader, RecordingWriter
+    from gradscope.gui.main_window import MainWindow
+
+FOLLOW_INTERVAL_MS = 500
+FIRST_VIEW_ROWS = 5000  # a long recording opens decimated to about this many steps
+RECENT_RUNS = 12
+SUFFIX = ".gsrec"
+
+
+def runs_folder() -> Path:
+    """Where the app records its runs: ``GRADSCOPE_RUNS_DIR`` or the per-user data folder."""
+    override = os.environ.get("GRADSCOPE_RUNS_DIR")
+    if override:
+        return Path(override)
+    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
+    return Path(base or Path.home() / ".gradscope") / "runs"
+
+
+def _settings_of(recorded: dict[str, Any]) -> RunSettings:
+    known = {k: v for k, v in recorded.items() if k in SETTING_NAMES}
+    try:
+        return RunSettings(**known).validated()
+    except (TypeError, GradScopeError):
+        return RunSettings()
+
+
+def _flat_tree(history: RunHistory) -> ModuleTree:
+    """A recording made without a tree: the root and its watched layers."""
+    total = sum(history.layer_params)
+    rows = [("", "Model", 0, total)]
+    rows += [(name, kind, params, params) for name, kind, params in zip(
+        history.layer_names, history.layer_types, history.layer_params, strict=True) if name]
+    return ModuleTree.from_rows(rows)
+
+
+class RecordingController(QObject):
+    recording_opened = Signal(object)  # Path
+    steps_followed = Signal(int)  # how many new steps follow mode added
+
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self.window = window
+        self.preferences = window.preferences
+        self.writer: RecordingWriter | None = None
+        self.reader: RecordingReader | None = None
+        self._layers: tuple[tuple[str, ...], list[LayerInfo]] = ((), [])
+
+        self.open_action = window._action(
+            "Open &recording…", self._on_open_action_triggered, "Ctrl+Shift+R",
+            tip="Open a GradScope recording (.gsrec) without its model")
+        self.record_action = QAction("Record &runs", window)
+        self.record_action.setCheckable(True)
+        self.record_action.setChecked(
+            window.persist and str(self.preferences.value("recording/enabled", "true")) == "true")
+        self.record_action.setStatusTip(f"Record every run to {runs_folder()}")
+        self.record_action.toggled.connect(self._on_record_action_toggled)
+        self.follow_action = QAction("&Follow recording", window)
+        self.follow_action.setCheckable(True)
+        self.follow_action.setStatusTip("Keep reading steps another process writes")
+        self.follow_action.toggled.connect(self._on_follow_action_toggled)
+        self.label = QLabel("")
+        self.label.setStyleSheet("padding: 0 8px; color: #555;")
+        window.statusBar().addPermanentWidget(self.label)
+        self.follow_timer = QTimer(self)
+        self.follow_timer.setInterval(FOLLOW_INTERVAL_MS)
+        self.follow_timer.timeout.connect(self._on_follow_timer_timeout)
+
+        window.model_loaded.connect(self._on_window_model_loaded)
+        window.run_thread.worker.steps_finished.connect(self._on_worker_steps_finished)
+        window.debugger.rewound.connect(self._on_debugger_rewound)
+
+    def install_menus(self, file_menu: Any, view_menu: Any) -> None:
+        actions = file_menu.actions()
+        anchor = next((a for a in actions if a.menu() is self.window.recent_menu), None)
+        file_menu.insertAction(anchor, self.open_action)
+        self.recent_runs_menu = file_menu.addMenu("Recent r&uns")
+        file_menu.insertMenu(anchor, self.recent_runs_menu)
+        self.recent_runs_menu.aboutToShow.connect(self._fill_recent_runs_menu)
+        file_menu.insertAction(anchor, self.record_action)
+        view_menu.addAction(self.follow_action)
+
+    # -- recording the app's runs ------------------------------------------------------
+    @Slot(object)
+    def _on_window_model_loaded(self, payload: ModelLoaded) -> None:
+        self._stop_following()
+        self.close_writer()
+        if not self.record_action.isChecked():
+            return
+        from gradscope.core.recording import RecordingWriter
+
+        folder = runs_folder()
+        stem = Path(payload.source).stem if payload.source.endswith(".py") else payload.source
+        path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}{SUFFIX}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self.writer = RecordingWriter(
+                path, payload.tree, payload.settings.to_dict(), overwrite=True,
+                info={"source": payload.source, "device": payload.device})
+        except (OSError, GradScopeError) as error:
+            self.window.statusBar().showMessage(f"not recording this run: {error}", 10000)
+            self.writer = None
+            return
+        self.label.setText(f"recording to {path.name}")
+        self.label.setToolTip(str(path))
+
+    def _layer_infos(self, names: tuple[str, ...], types: tuple[str, ...],
+                     params: tuple[int, ...]) -> list[LayerInfo]:
+        if self._layers[0] != names:
+            infos = [LayerInfo(n, t, (), p) for n, t, p in zip(names, types, params, strict=True)]
+            self._layers = (names, infos)
+        return self._layers[1]
+
+    @Slot(object)
+    def _on_worker_steps_finished(self, payload: StepsFinished) -> None:
+        writer = self.writer
+        if writer is None:
+            return
+        for record in payload.records:
+            result = record.result
+            if result.stats is None:
+                continue
+            layers = self._layer_infos(record.layer_names, record.layer_types,
+                                       record.layer_params)
+            writer.append(result.stats, layers, loss=result.loss, origin=result.origin)
+
+    @Slot(int)
+    def _on_debugger_rewound(self, step: int) -> None:
+        if self.writer is not None:
+            self.writer.rewind_to(step)
+
+    def close_writer(self) -> None:
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            try:
+                writer.close()
+            except GradScopeError as error:
+                self.window.statusBar().showMessage(str(error), 10000)
+            self.label.setText("")
+
+    def _on_record_action_toggled(self, checked: bool) -> None:
+        if self.window.persist:
+            self.preferences.setValue("recording/enabled", "true" if checked else "false")
+        if not checked:
+            self.close_writer()
+
+    # -- opening and following ---------------------------------------------------------
+    def open_recording(self, path: str | os.PathLike[str]) -> bool:
+        """Show a recording in the window; follow it while a writer is still at it."""
+        from gradscope.core.recording import RecordingReader
+
+        try:
+            reader = RecordingReader(path)
+            tree, history = reader.load(max_rows=FIRST_VIEW_ROWS)
+        except GradScopeError as error:
+            dialog = ErrorDialog(self.window, "The recording could not be opened",
+                                 error.message, error.details)
+            self.window.error_dialog = dialog
+            dialog.open()
+            return False
+        self._stop_following()
+        self.close_writer()
+        self.reader = reader
+        if tree is None:
+            tree = _flat_tree(history)
+        name = Path(path).name
+        self.window.show_recorded_run(tree, history, name, _settings_of(reader.settings))
+        live = reader.is_live()
+        self.follow_action.setChecked(live)
+        self.label.setText(f"{'following' if live else 'showing'} {name}")
+        self.label.setToolTip(str(path))
+        self.recording_opened.emit(Path(path))
+        return True
+
+    def _on_follow_action_toggled(self, checked: bool) -> None:
+        if checked and self.reader is not None:
+            self.follow_timer.start()
+        else:
+            self.follow_timer.stop()
+
+    def _stop_following(self) -> None:
+        self.follow_timer.stop()
+        self.follow_action.setChecked(False)
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+    def _on_follow_timer_timeout(self) -> None:
+        reader = self.reader
+        if reader is None or self.window.state != "recording":
+            self.follow_timer.stop()
+            return
+        try:
+            added = reader.read_new_steps(self.window.history)
+        except GradScopeError as error:
+            self.window.statusBar().showMessage(str(error), 10000)
+            self.follow_action.setChecked(False)
+            return
+        if added:
+            self.window._dirty = True
+        self.steps_followed.emit(added)
+        if not added and not reader.is_live():
+            self.follow_action.setChecked(False)
+            self.label.setText(f"showing {reader.path.name} (writer finished)")
+
+    def _on_open_action_triggered(self) -> None:
+        folder = runs_folder()
+        path, _ = QFileDialog.getOpenFileName(
+            self.window, "Open recording", str(folder if folder.exists() else Path.cwd()),
+            f"GradScope recordings (*{SUFFIX});;All files (*)")
+        if path:
+            self.open_recording(path)
+
+    def recent_runs(self) -> list[Path]:
+        folder = runs_folder()
+        if not folder.is_dir():
+            return []
+        runs = sorted(folder.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime, reverse=True)
+        return runs[:RECENT_RUNS]
+
+    def _fill_recent_runs_menu(self) -> None:
+        menu = self.recent_runs_menu
+        menu.clear()
+        runs = self.recent_runs()
+        if not runs:
+            menu.addAction("(no recorded runs yet)").setEnabled(False)
+        for path in runs:
+            menu.addAction(path.name, lambda p=path: self.open_recording(p))
+
+    def close(self) -> None:
+        self._stop_following()
+        self.close_writer()

@@ -247,6 +247,13 @@ class MainWindow(QMainWindow):
             "Ctrl+Shift+O", sp.SP_ComputerIcon, "Open a torchvision classification model")
         self.export_png_action = self._action(
             "Export plots as &PNG…", self._on_export_png_action_triggered, "Ctrl+E")
+        self.export_statistics_action = self._action(
+            "Export all statistics as CSV…", lambda: self._ask_statistics_csv(None),
+            tip="step, layer, grad_norm, max_abs, weight_norm, update_ratio, status")
+        self.export_layer_action = self._action(
+            "Export selected layer as CSV…",
+            lambda: self._ask_statistics_csv(self.selected_layer),
+            tip="Every statistic of the layer selected in the tree")
         self.export_csv_action = self._action(
             "Export gradient norms as &CSV…", self._on_export_csv_action_triggered,
             "Ctrl+Shift+E")
@@ -283,6 +290,8 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         file_menu.addAction(self.export_png_action)
         file_menu.addAction(self.export_csv_action)
+        file_menu.addAction(self.export_statistics_action)
+        file_menu.addAction(self.export_layer_action)
         file_menu.addSeparator()
         file_menu.addAction(self.quit_action)
         self.run_menu = run_menu = bar.addMenu("&Run")
@@ -417,6 +426,24 @@ class MainWindow(QMainWindow):
                 values = ["" if v == MISSING else repr(float(v)) for v in matrix[row]]
                 writer.writerow([int(history.steps[row]), repr(float(history.losses[row])),
                                  *values])
+
+    def export_statistics_csv(self, path: str, layer: str | None = None) -> int:
+        """Every statistic of every layer (or of ``layer``), one row per step and layer, as
+        ``gradscope report --csv`` writes it. Returns the number of rows."""
+        from gradscope.core.recording import write_csv
+
+        return write_csv(self.history, path, None if layer is None else [layer])
+
+    def _ask_statistics_csv(self, layer: str | None) -> None:
+        if layer is not None and not self.history.has_layer(layer):
+            self.statusBar().showMessage("Select a watched layer in the tree first", 8000)
+            return
+        name = "statistics.csv" if layer is None else f"{layer or 'model'}.csv"
+        path, _ = QFileDialog.getSaveFileName(self, "Export statistics as CSV", name,
+                                              "CSV files (*.csv)")
+        if path:
+            rows = self.export_statistics_csv(path, layer)
+            self.statusBar().showMessage(f"wrote {rows} rows to {path}", 8000)
 
     def save_screenshot(self, path: str) -> bool:
         self._refresh()

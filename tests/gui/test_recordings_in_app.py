@@ -83,3 +83,23 @@ def test_bad_recording_shows_an_error_and_the_app_survives(qtbot, window, tmp_pa
     assert window.error_dialog is not None and window.error_dialog.isVisible()
     window.error_dialog.close()
     assert window.state == "empty"
+
+
+def test_statistics_csv_export_from_the_app(qtbot, window, scripts, tmp_path) -> None:
+    import csv
+
+    import numpy as np
+
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.open_model(scripts["tiny"])
+    with qtbot.waitSignal(window.run_paused, timeout=TIMEOUT):
+        window.run()
+    everything = tmp_path / "all.csv"
+    assert window.export_statistics_csv(str(everything)) == 10  # 5 steps x 2 layers
+    rows = list(csv.DictReader(everything.open()))
+    assert {r["layer"] for r in rows} == {"0", "2"}
+    first = next(r for r in rows if r["layer"] == "0" and r["step"] == "0")
+    # float32 values, written with the 9 digits that round-trip them
+    assert np.float32(first["grad_norm"]) == window.history.series("grad_norm", "0")[0]
+    one = tmp_path / "one.csv"
+    assert window.export_statistics_csv(str(one), "2") == 5

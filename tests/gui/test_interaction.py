@@ -142,3 +142,41 @@ def test_about_lists_torch_and_qt_versions() -> None:
 
     text = versions_text()
     assert f"torch {torch.__version__}" in text and "Qt 6." in text
+
+
+def test_a_real_click_on_a_curve_selects_its_tree_row_and_step(qtbot, window, scripts) -> None:
+    load(qtbot, window, scripts["tiny"])
+    run(qtbot, window)
+    window._refresh()
+    window.grab()
+    plot = window.plots.gradient_norm
+    value = float(window.history.series("grad_norm", "2")[3])
+    scene_pos = plot.item.vb.mapViewToScene(QPointF(3, math.log10(value)))
+    view_pos = plot.widget.mapFromScene(scene_pos)
+    qtbot.mouseClick(plot.widget.viewport(), Qt.MouseButton.LeftButton, pos=view_pos)
+    qtbot.waitUntil(lambda: window.selected_layer == "2", timeout=2_000)
+    assert window.selected_step == 3
+    current = window.tree_proxy.mapToSource(window.tree_view.currentIndex())
+    assert window.tree_model.node(current).name == "2"
+
+
+def test_real_clicks_on_a_heatmap_cell_and_a_bar_select_layer_and_step(
+    qtbot, window, scripts
+) -> None:
+    load(qtbot, window, scripts["tiny"])
+    run(qtbot, window)
+    window._refresh()
+    window.grab()
+    heatmap = window.plots.heatmap
+    pos = heatmap.widget.mapFromScene(heatmap.item.vb.mapViewToScene(QPointF(1, 0)))
+    qtbot.mouseClick(heatmap.widget.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    qtbot.waitUntil(lambda: (window.selected_layer, window.selected_step) == ("0", 1),
+                    timeout=2_000)
+    window._refresh()
+    window.grab()
+    flow = window.plots.flow
+    assert flow.step == 1
+    pos = flow.widget.mapFromScene(flow.item.vb.mapViewToScene(QPointF(0, 1)))
+    qtbot.mouseClick(flow.widget.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    qtbot.waitUntil(lambda: window.selected_layer == "2", timeout=2_000)
+    assert window.selected_step == 1

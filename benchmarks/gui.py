@@ -1,0 +1,253 @@
+"""Does the app keep up? Three measurements, offscreen (QT_QPA_PLATFORM=offscreen):
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/gui.py
+
+1. Big history: 500 watched layers x 20,000 steps. Time of one full refresh of all plots
+   (the window's ``_refresh``: new data into every plot) and of painting the window after it,
+   the same after zooming into 1/10 of the steps, and the history's bytes per layer, step and
+   statistic kept. Targets: refresh under 30 ms; history under 32 bytes.
+2. Throughput: a tiny model stepping as fast as it can, headless (StepRunner alone) and with
+   the app attached (same steps through the window's run thread); the worst gap of a 10 ms
+   timer in the GUI thread meanwhile. Targets: >= 90% of the headless steps/s; gap < 100 ms.
+3. Launch: from process start to a usable window with a sample model loaded, next to
+   ``python -c "import torch, PySide6.QtWidgets, pyqtgraph"``. Target: at most +30%.
+
+Writes ``benchmarks/results/gui.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("GRADSCOPE_RUNS_DIR", tempfile.mkdtemp(prefix="gradscope-bench-runs-"))
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+LAYERS, STEPS = 500, 20_000
+TINY = '''
+import torch
+from torch import nn
+CONFIG = {"steps": STEPS, "batch_size": 2, "device": "cpu", "lr": 1e-3}
+def build_model():
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+def make_batch(batch_size, device):
+    return torch.randn(batch_size, 4), torch.randn(batch_size, 1)
+'''
+
+
+def big_history():
+    import numpy as np
+
+    from gradscope.core.history import RunHistory
+    from gradscope.core.module_tree import ModuleTree
+    from gradscope.core.watch import StepStats, classify
+
+    rows = [("", "Sequential", 0, LAYERS * 20)]
+    rows += [(str(i), "Linear", 20, 20) for i in range(LAYERS)]
+    tree = ModuleTree.from_rows(rows)
+    names = [str(i) for i in range(LAYERS)]
+    history = RunHistory(capacity=STEPS)
+    rng = np.random.default_rng(0)
+    base = 10.0 ** rng.uniform(-9, 4, LAYERS)
+    zeros = np.zeros(LAYERS, dtype=np.int64)
+    for step in range(STEPS):
+        norms = base * np.exp(rng.normal(0, 0.2, LAYERS))
+        if step == STEPS // 2:
+            norms[7] = np.nan
+        stats = StepStats(
+            step=step, loss=float(1 + np.sin(step / 500)), total_grad_norm=float(norms.sum()),
+            grad_norm=norms, max_abs=norms / 3, weight_norm=np.ones(LAYERS),
+            nan_count=zeros, inf_count=zeros,
+            status=classify(norms, zeros, 1000.0, 1e-7), param_grad_norm=norms,
+        )
+        history.append(step, stats.loss, stats, names, ["Linear"] * LAYERS, [20] * LAYERS)
+    return tree, history
+
+
+def measure_big_history(window, app) -> dict:
+    from gradscope.core.history import STATISTICS
+    from gradscope.core.settings import RunSettings
+
+    started = time.perf_counter()
+    tree, history = big_history()
+    build_s = time.perf_counter() - started
+    window.show_recorded_run(tree, history, "500 layers x 20,000 steps", RunSettings())
+    app.processEvents()
+
+    def timed(action, repeat=7) -> float:
+        samples = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            action()
+            samples.append(time.perf_counter() - started)
+        return statistics.median(samples) * 1e3
+
+    refresh_ms = timed(window._refresh)
+    paint_ms = timed(lambda: window.grab())
+    plot = window.plots.gradient_norm.widget.getPlotItem()
+    plot.setXRange(STEPS * 0.45, STEPS * 0.55, padding=0)
+    app.processEvents()
+    zoom_paint_ms = timed(lambda: window.grab())
+    per_value = history.nbytes() / (LAYERS * history.count * len(STATISTICS))
+    return {
+        "layers": LAYERS, "steps": STEPS, "history_build_s": round(build_s, 2),
+        "refresh_ms": round(refresh_ms, 1), "paint_ms": round(paint_ms, 1),
+        "zoomed_paint_ms": round(zoom_paint_ms, 1),
+        "history_bytes_per_layer_step_statistic": round(per_value, 2),
+    }
+
+
+def headless_rate(script: str, seconds: float = 4.0) -> float:
+    from gradscope.core.loading import load_with_settings
+    from gradscope.core.runner import StepRunner
+
+    loaded, settings = load_with_settings(script, {})
+    runner = StepRunner(loaded, settings)
+    for _ in range(20):
+        runner.step()
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        runner.step()
+        done += 1
+    return done / (time.perf_counter() - started)
+
+
+def measure_throughput(window, app, script: str) -> dict:
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    headless = headless_rate(script)
+    loop = QEventLoop()
+    window.model_loaded.connect(lambda _p: loop.quit())
+    window.open_model(script, {"steps": 10**6})
+    loop.exec()
+    gaps, last = [], [time.perf_counter()]
+
+    def tick() -> None:
+        now = time.perf_counter()
+        gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(10)
+    timer.timeout.connect(tick)
+    timer.start()
+    window.run()
+    deadline = time.perf_counter() + 2.0
+    while time.perf_counter() < deadline:  # warm-up
+        app.processEvents()
+    first_count, started = window.history.count, time.perf_counter()
+    deadline = started + 6.0
+    gaps.clear()
+    last[0] = time.perf_counter()
+    while time.perf_counter() < deadline:
+        app.processEvents()
+    attached = (window.history.count - first_count) / (time.perf_counter() - started)
+    timer.stop()
+    window.stop()
+    stop_deadline = time.perf_counter() + 10
+    while window.state == "running" and time.perf_counter() < stop_deadline:
+        app.processEvents()
+    return {
+        "headless_steps_per_s": round(headless, 1),
+        "app_steps_per_s": round(attached, 1),
+        "app_fraction_of_headless": round(attached / headless, 3),
+        "worst_event_loop_gap_ms": round(max(gaps) * 1e3, 1),
+    }
+
+
+LAUNCH_CHILD = """
+import time, sys
+started = time.perf_counter()
+from gradscope.gui.app import make_application
+from gradscope.gui.main_window import MainWindow
+from PySide6.QtCore import QSettings, QTimer
+app = make_application()
+window = MainWindow(QSettings({ini!r}, QSettings.Format.IniFormat), persist=False)
+window.resize(1280, 800)
+window.show()
+window.model_loaded.connect(lambda _p: QTimer.singleShot(0, app.quit))
+window.open_model({script!r})
+app.exec()
+print(time.perf_counter() - started)
+window.close()
+"""
+
+
+def measure_launch(script: str) -> dict:
+    floor_code = "import torch, PySide6.QtWidgets, pyqtgraph"
+    ini = tempfile.mktemp(suffix=".ini")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def wall(args: list[str]) -> float:
+        started = time.perf_counter()
+        subprocess.run(args, check=True, capture_output=True, env=env)
+        return time.perf_counter() - started
+
+    floors, launches = [], []
+    for _ in range(3):
+        floors.append(wall([sys.executable, "-c", floor_code]))
+        launches.append(wall([sys.executable, "-c",
+                              LAUNCH_CHILD.format(ini=ini, script=script)]))
+    floor, launch = statistics.median(floors), statistics.median(launches)
+    return {"import_floor_s": round(floor, 2), "launch_to_loaded_window_s": round(launch, 2),
+            "launch_over_floor": round(launch / floor, 3)}
+
+
+def main() -> None:
+    from gradscope.gui.app import make_application
+    from gradscope.gui.main_window import MainWindow
+
+    import torch
+    from PySide6.QtCore import QSettings
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    app = make_application()
+    folder = Path(tempfile.mkdtemp(prefix="gradscope-bench-"))
+    script = folder / "tiny.py"
+    script.write_text(TINY.replace("STEPS", "10**6"))
+    window = MainWindow(QSettings(str(folder / "p.ini"), QSettings.Format.IniFormat),
+                        persist=False)
+    window.resize(1440, 900)
+    window.show()
+    app.processEvents()
+    results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                          f"torch {torch.__version__}, offscreen Qt"}
+    results["big_history"] = measure_big_history(window, app)
+    print("big history:", results["big_history"], flush=True)
+    results["throughput"] = measure_throughput(window, app, str(script))
+    print("throughput:", results["throughput"], flush=True)
+    window.close()
+    window.run_thread.shutdown()
+    sample = str(ROOT / "sample_models" / "seed_explosion.py")
+    results["launch"] = measure_launch(sample)
+    print("launch:", results["launch"], flush=True)
+    big, rate, launch = results["big_history"], results["throughput"], results["launch"]
+    print(f"\n{'measure':44} {'value':>10}  target")
+    for label, value, target in (
+        ("full refresh, 500 layers x 20k steps (ms)", big["refresh_ms"], "< 30"),
+        ("paint after refresh (ms)", big["paint_ms"], ""),
+        ("paint zoomed to 1/10 of the steps (ms)", big["zoomed_paint_ms"], ""),
+        ("history bytes per layer/step/statistic", big["history_bytes_per_layer_step_statistic"],
+         "< 32"),
+        ("app steps/s as a fraction of headless", rate["app_fraction_of_headless"], ">= 0.9"),
+        ("worst event-loop gap (ms)", rate["worst_event_loop_gap_ms"], "< 100"),
+        ("launch / import floor", launch["launch_over_floor"], "<= 1.3"),
+    ):
+        print(f"{label:44} {value:>10}  {target}")
+    out = ROOT / "benchmarks" / "results" / "gui.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -172,7 +172,7 @@ class MainWindow(QMainWindow):
         header.setStretchLastSection(False)
         header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Stretch)
         header.setMinimumSectionSize(40)
-        for column, width in ((TYPE, 88), (PARAMS, 58), (GRAD_NORM, 74), (STATUS, 84)):
+        for column, width in ((TYPE, 84), (PARAMS, 56), (GRAD_NORM, 70), (STATUS, 80)):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.Interactive)
             header.resizeSection(column, width)
         self.tree_view.setIndentation(14)
@@ -458,7 +458,7 @@ class MainWindow(QMainWindow):
         if not self._layout_done:
             self._layout_done = True
             if not self._state_restored:
-                width = max(380, min(540, int(self.width() * 0.35)))
+                width = max(400, min(560, int(self.width() * 0.37)))
                 self.resizeDocks([self.layers_dock], [width], Qt.Orientation.Horizontal)
                 self.resizeDocks([self.layers_dock, self.events_dock],
                                  [int(self.height() * 0.5), int(self.height() * 0.4)],

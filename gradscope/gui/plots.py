@@ -558,7 +558,7 @@ class GradientFlowPlot(QWidget):
                                         "fill": (255, 255, 255, 220)})
         self.vanish_line = pg.InfiniteLine(
             angle=90, pen=pg.mkPen(STATUS_COLORS[1], width=1.5, style=Qt.PenStyle.DashLine),
-            label="vanish", labelOpts={"position": 0.96, "color": STATUS_COLORS[1],
+            label="vanish", labelOpts={"position": 0.04, "color": STATUS_COLORS[1],
                                        "fill": (255, 255, 255, 220)})
         for line in (self.explode_line, self.vanish_line):
             self.item.addItem(line)

@@ -59,7 +59,7 @@ def format_value(value: float | None) -> str:
         return "0"
     if 1e-3 <= abs(value) < 1e4:
         return f"{value:.4g}"
-    return f"{value:.3e}"
+    return f"{value:.3g}"
 
 
 def _canvas(size: int = 16) -> tuple[QPixmap, QPainter]:

@@ -374,7 +374,11 @@ class LossPlot(QWidget):
         steps = view.history.steps.astype(np.float64)
         loss = view.history.losses
         finite = np.isfinite(loss)
-        use_log = bool(finite.any() and (loss[finite] > 0).all())
+        # Log scale only when the loss spans orders of magnitude (a narrow range would get
+        # one or two ticks).
+        positive = loss[finite]
+        use_log = bool(positive.size and (positive > 0).all()
+                       and positive.max() / positive.min() >= 20)
         if use_log != self._log:
             self._log = use_log
             self.item.getAxis("left").setLogMode(use_log)

@@ -271,16 +271,21 @@ def _load_state_dict(path_text: str) -> dict[str, torch.Tensor]:
 
 
 def load_with_settings(
-    source: str, overrides: dict[str, Any] | None = None, weights: str | None = None
+    source: str,
+    overrides: dict[str, Any] | None = None,
+    weights: str | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> tuple[LoadedModel, Any]:
-    """Load ``source`` and settle its run settings: defaults, then the script's ``CONFIG``,
-    then ``overrides`` (what the user set on the command line or in the app)."""
+    """Load ``source`` and settle its run settings: RunSettings' defaults, then ``defaults``
+    (the caller's, e.g. the app's), then the script's ``CONFIG``, then ``overrides`` (what the
+    user set on the command line or in the app)."""
     from gradscope.core.settings import RunSettings, settings_from_config
 
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     image_size = overrides.get("image_size", RunSettings.image_size)
     loaded = load_source(source, image_size=image_size, weights=weights)
-    settings = settings_from_config(loaded.config)
+    settings = settings_from_config(defaults or {})
+    settings = settings_from_config(loaded.config, settings)
     settings = settings_from_config(overrides, settings)
     if loaded.image_size is not None and loaded.image_size != settings.image_size:
         settings = settings.replaced(image_size=loaded.image_size)

@@ -71,6 +71,9 @@ from gradscope.gui.worker import (
     WatchChanged,
 )
 
+# The app's own defaults, under a script's CONFIG and what the user set: the update ratio on
+# and the last steps kept for Rewind (headless runs default both off, for speed and memory).
+APP_DEFAULTS = {"update_ratio": True, "rewind_depth": 5}
 REFRESH_INTERVAL_MS = 33  # about 30 Hz: plots never redraw faster than this
 RECENT_LIMIT = 10
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "sample_models"
@@ -351,7 +354,7 @@ class MainWindow(QMainWindow):
         self._run_after_load = run_after_load
         self._set_state("loading")
         self.model_label.setText(Path(source).name if source.endswith(".py") else source)
-        self.run_thread.load(LoadRequest(source, merged, weights))
+        self.run_thread.load(LoadRequest(source, merged, weights, defaults=APP_DEFAULTS))
 
     def run(self) -> None:
         if self.state in ("empty", "loading", "running") or self.source is None:

@@ -30,6 +30,7 @@ class LoadRequest:
     source: str
     overrides: dict[str, Any]
     weights: str | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)  # under the script's CONFIG
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,8 @@ class RunWorker(QObject):
             self._pending_settings = None
         try:
             loaded, settings = load_with_settings(
-                request.source, request.overrides, weights=request.weights
+                request.source, request.overrides, weights=request.weights,
+                defaults=request.defaults,
             )
             runner = StepRunner(loaded, settings)
         except Exception as error:  # any failure of the user's model is shown

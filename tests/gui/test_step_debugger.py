@@ -83,3 +83,14 @@ def test_rewind_replaces_the_branch_and_reproduces_losses(qtbot, window, scripts
     run_and_wait(qtbot, window, window.run)
     assert list(window.history.steps) == [0, 1, 2, 3, 4]
     assert list(window.history.losses) == first
+
+
+def test_app_defaults_sit_under_the_scripts_config(qtbot, window, scripts, tmp_path) -> None:
+    open_and_wait(qtbot, window, scripts["tiny"])
+    settings = window.run_thread.worker.runner.settings
+    assert settings.update_ratio is True and settings.rewind_depth == 5
+    script = tmp_path / "configured.py"
+    script.write_text(open(scripts["tiny"]).read().replace(
+        '"device": "cpu"}', '"device": "cpu", "rewind_depth": 2}'))
+    open_and_wait(qtbot, window, str(script))
+    assert window.run_thread.worker.runner.settings.rewind_depth == 2

@@ -141,3 +141,25 @@ def test_settings_change_between_steps_applies_next_step():
 
 def test_default_settings_validate():
     assert RunSettings().validated().device == "auto"
+
+
+def test_many_layers_turning_bad_together_make_one_event():
+    import numpy as np
+
+    from gradscope.core.history import GROUPED_ONSETS, status_onsets
+    from gradscope.core.watch import STATUS_NONFINITE
+
+    names = [f"block{i}" for i in range(GROUPED_ONSETS + 3)]
+    status = np.full(len(names), STATUS_NONFINITE, dtype=np.uint8)
+    before = np.zeros(len(names), dtype=np.uint8)
+    (event,) = status_onsets(4, names, status, before, np.full(len(names), np.nan))
+    assert (event.step, event.kind, event.layer) == (4, "nonfinite", "block0")
+    assert f"{len(names)} layers nonfinite" in event.message
+    few = status_onsets(4, names[:2], status[:2], before[:2], np.zeros(2))
+    assert [e.layer for e in few] == ["block0", "block1"]
+
+
+def test_clip_none_overrides_a_scripts_clip(write_script):
+    path = write_script(NAN_SCRIPT.replace('"lr": 0.1}', '"lr": 0.1, "clip": 1.0}'))
+    assert load_with_settings(str(path), {})[1].clip == 1.0
+    assert load_with_settings(str(path), {"clip": None})[1].clip is None

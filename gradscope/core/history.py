@@ -20,6 +20,7 @@ from gradscope.core.watch import STATUS_NAMES, STATUS_NONFINITE, STATUS_OK, Step
 MISSING = -1.0
 STATUS_MISSING = 255
 STATISTICS = ("grad_norm", "max_abs", "weight_norm", "update_ratio")
+GROUPED_ONSETS = 8  # more layers than this turning bad at one step make one event
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -37,6 +38,37 @@ class Event:
     kind: str  # "exploding", "vanishing", "nonfinite" or "origin"
     layer: str | None
     message: str
+
+
+def status_onsets(
+    step: int,
+    names: Sequence[str],
+    status: np.ndarray,
+    before: np.ndarray,
+    grad_norm: np.ndarray,
+) -> list[Event]:
+    """Events for the layers whose status turned exploding, vanishing or nonfinite at
+    ``step`` (``before``: their statuses at the previous step). When more than
+    GROUPED_ONSETS layers turn bad together (a NaN spreading through the whole model) they
+    make one event, named after the first of them in forward order."""
+    status = np.asarray(status)
+    changed = np.flatnonzero((status != before) & (status != STATUS_OK))
+    events: list[Event] = []
+    for code in sorted(set(status[changed].tolist())):
+        indices = changed[status[changed] == code].tolist()
+        label = STATUS_NAMES[code]
+        if len(indices) > GROUPED_ONSETS:
+            first = names[indices[0]]
+            message = f"step {step}: {len(indices)} layers {label}, from {first or '(model)'} on"
+            events.append(Event(step, label, first, message))
+            continue
+        for index in indices:
+            name = names[index]
+            detail = f" (grad norm {grad_norm[index]:.3g})" if code != STATUS_NONFINITE else ""
+            events.append(
+                Event(step, label, name, f"step {step}: {name or '(model)'} {label}{detail}")
+            )
+    return events
 
 
 class RunHistory:
@@ -139,18 +171,13 @@ class RunHistory:
             self.events.append(Event(step, "origin", origin.module, origin.describe()))
 
     def _note_onsets(self, step: int, names: Sequence[str], stats: StepStats) -> None:
-        for index, (name, status) in enumerate(zip(names, stats.status.tolist(), strict=True)):
-            before = self._previous_status.get(name, STATUS_OK)
-            if status != before and status != STATUS_OK:
-                label = STATUS_NAMES[status]
-                detail = (
-                    f" (grad norm {stats.grad_norm[index]:.3g})"
-                    if status != STATUS_NONFINITE
-                    else ""
-                )
-                message = f"step {step}: {name or '(model)'} {label}{detail}"
-                self.events.append(Event(step, label, name, message))
-            self._previous_status[name] = status
+        before = np.fromiter(
+            (self._previous_status.get(name, STATUS_OK) for name in names),
+            dtype=np.uint8,
+            count=len(names),
+        )
+        self.events.extend(status_onsets(step, names, stats.status, before, stats.grad_norm))
+        self._previous_status.update(zip(names, stats.status.tolist(), strict=True))
 
     # -- reading -----------------------------------------------------------------------
     def series(self, statistic: str, layer: str) -> np.ndarray:
@@ -193,7 +220,8 @@ class RunHistory:
         worst = measured.max(axis=0) if keep else np.zeros(len(self.layer_names), np.uint8)
         self.worst_status[: len(self.layer_names)] = worst
         self._previous_status = {
-            name: int(status[keep - 1, i]) if keep and status[keep - 1, i] != STATUS_MISSING
+            name: int(status[keep - 1, i])
+            if keep and status[keep - 1, i] != STATUS_MISSING
             else STATUS_OK
             for i, name in enumerate(self.layer_names)
         }

@@ -281,8 +281,10 @@ def load_with_settings(
     user set on the command line or in the app)."""
     from gradscope.core.settings import RunSettings, settings_from_config
 
-    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    image_size = overrides.get("image_size", RunSettings.image_size)
+    # None is a value here ("clip": None turns a script's clipping off); the CLI passes only
+    # what the user typed.
+    overrides = dict(overrides or {})
+    image_size = overrides.get("image_size") or RunSettings.image_size
     loaded = load_source(source, image_size=image_size, weights=weights)
     settings = settings_from_config(defaults or {})
     settings = settings_from_config(loaded.config, settings)

@@ -95,6 +95,7 @@ from gradscope.core.history import (
     Event,
     RunHistory,
     _to_float32,
+    status_onsets,
 )
 from gradscope.core.module_tree import ModuleTree, build_module_tree
 from gradscope.core.origin import Origin, locate_first_nonfinite
@@ -695,19 +696,11 @@ class RecordingWriter:
                     np.asarray(stats.inf_count, dtype=np.int64).tobytes(),
                 )
             )
-        # Status onsets, worded exactly as RunHistory words them.
+        # Status onsets, exactly as RunHistory notes them.
+        names = [layer.name for layer in layers]
         before = self._previous_status[positions]
-        for index in np.flatnonzero((status != before) & (status != STATUS_OK)).tolist():
-            label = STATUS_NAMES[int(status[index])]
-            name = layers[index].name
-            detail = (
-                f" (grad norm {stats.grad_norm[index]:.3g})"
-                if status[index] != STATUS_NONFINITE
-                else ""
-            )
-            batch.events.append(
-                (row, step, label, name, f"step {step}: {name or '(model)'} {label}{detail}")
-            )
+        for event in status_onsets(step, names, status, before, stats.grad_norm):
+            batch.events.append((row, step, event.kind, event.layer, event.message))
         self._previous_status[positions] = status
         self._worst[positions] = np.maximum(self._worst[positions], status)
         if origin is not None:

@@ -2,11 +2,19 @@
 batched tensor ops and one host transfer per step.
 
 No hooks are needed for the statistics themselves: after ``loss.backward()`` every watched
-parameter's ``.grad`` is complete, so :meth:`GradientWatch.collect` reads them all at once with
-``torch._foreach_*`` ops grouped by device and dtype, stacks the results into one vector per
-device and copies it to the host in a single transfer. Per-layer aggregation then happens in
-numpy on a few hundred numbers. Norms of half-precision gradients accumulate in float32, so a
-finite fp16 gradient never reports a false Inf.
+parameter's ``.grad`` is complete, so :meth:`GradientWatch.collect` reads them all at once,
+grouped by device and dtype, stacks the results into one vector per device and copies it to
+the host in a single transfer. Per-layer aggregation then happens in numpy on a few hundred
+numbers. Norms of half-precision gradients accumulate in float32, so a finite fp16 gradient
+never reports a false Inf.
+
+Cost: each statistic is one read of the data (gradients twice: L2 and max |g|; weights once).
+On CUDA these are three fused ``_foreach_norm`` launches per group. On CPU, where
+``_foreach_norm`` is a loop of single-threaded norms and its ord=inf is about 7x slower still,
+each gradient gets a BLAS dot product (sum of squares) and, while it is still in cache, one
+``aminmax``; weights get dot products. On a CPU those reads are memory-bound and cost what
+they cost: about 7% of a resnet18 step and 20-30% of a 20-layer MLP step on 2 cores (see
+``benchmarks/overhead.py``).
 """
 
 from __future__ import annotations
@@ -479,11 +487,11 @@ class GradientWatch:
     ) -> None:
         # Only on steps where something is already wrong: count NaN and Inf separately, and
         # tell a real Inf element from a sum of squares that overflowed.
-        counts = [
+        pairs = [
             torch.stack([g.isnan().sum(), g.isinf().sum()])
             for g in (self._params[index].grad for index in suspects)
         ]
-        counts = torch.stack(counts).cpu().numpy() if counts else np.zeros((0, 2))
+        counts = [pair.cpu().numpy() for pair in pairs]  # devices may differ
         for index, (nans, infs) in zip(suspects, counts, strict=True):
             nan_out[index], inf_out[index] = int(nans), int(infs)
             if nans == 0 and infs == 0:

@@ -337,6 +337,9 @@ class ModuleFilterModel(QSortFilterProxyModel):
         super().__init__(parent)
         self.setRecursiveFilteringEnabled(True)
         self.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+        # Rows are filtered by name and type, which never change: without this, every
+        # dataChanged (new gradient norms, each refresh) re-runs the filter on each row.
+        self.setDynamicSortFilter(False)
         self._text = ""
 
     def set_filter_text(self, text: str) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
@@ -33,11 +33,14 @@ _HOVER_PIXELS = 9
 _LEGEND_MAX = 12
 HEATMAP_MAX_COLUMNS = 2000
 _DOTS_UP_TO = 40
+# More ticked layers than this: one connect-array curve per colour instead of one per layer.
+_GROUPED_ABOVE = 40
 _EDGE_LEGEND = "\x00edge"
 _LEFT_AXIS_WIDTH = 64
 _MISSING_COLOR = (236, 236, 236, 255)
 _NONFINITE_RGBA = (214, 39, 40, 255)
 _VIRIDIS = pg.colormap.get("viridis")
+_VIRIDIS_LUT = _VIRIDIS.getLookupTable(0.0, 1.0, 256, alpha=True)
 
 
 @dataclass
@@ -90,6 +93,29 @@ def reduce_steps(matrix: np.ndarray, limit: int = HEATMAP_MAX_COLUMNS) -> tuple[
     return padded.reshape(-1, per_row, matrix.shape[1]).max(axis=1), per_row
 
 
+def _finite_log_range(matrix: np.ndarray, low_high: tuple[float, float]) -> tuple[float, float]:
+    """The smallest and largest log10 of the positive finite values, merged with
+    ``low_high``."""
+    good = matrix[np.isfinite(matrix) & (matrix > 0)]
+    if not good.size:
+        return low_high
+    low, high = low_high
+    return min(low, math.log10(float(good.min()))), max(high, math.log10(float(good.max())))
+
+
+def _colorize(matrix: np.ndarray, low: float, high: float) -> np.ndarray:
+    """RGBA of heatmap cells: viridis over log10 in [low, high], the lowest colour for 0,
+    light grey for MISSING, red for NaN/Inf."""
+    lut = _VIRIDIS_LUT
+    logged = log10_display(matrix)
+    scaled = np.clip((np.nan_to_num(logged, nan=low) - low) / (high - low), 0, 1)
+    rgba = lut[(scaled * 255).astype(np.intp)]
+    rgba[matrix == 0] = lut[0]
+    rgba[matrix == MISSING] = _MISSING_COLOR
+    rgba[~np.isfinite(matrix)] = _NONFINITE_RGBA
+    return rgba
+
+
 # Distinct colours for the first layers, without the status red and orange (those mean
 # NaN/Inf and exploding everywhere in the app); later layers cycle through hues.
 _LAYER_PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
@@ -100,6 +126,16 @@ def layer_color(position: int) -> QColor:
     if position < len(_LAYER_PALETTE):
         return QColor(_LAYER_PALETTE[position])
     return pg.intColor(position, hues=13, values=2, maxValue=220, minValue=140)
+
+
+_STATUS_BRUSHES: dict[int, QBrush] = {}
+
+
+def _status_brush(status: int) -> QBrush:
+    brush = _STATUS_BRUSHES.get(status)
+    if brush is None:
+        brush = _STATUS_BRUSHES[status] = pg.mkBrush(STATUS_COLORS.get(status, "#7f7f7f"))
+    return brush
 
 
 def _elide(name: str, limit: int = 26) -> str:
@@ -147,6 +183,109 @@ def _plot_widget(title: str) -> pg.PlotWidget:
     return widget
 
 
+class _LogNormCache:
+    """The gradient-norm plot's own copy of log10 ‖grad‖ as drawn (NaN where a marker shows
+    the value instead), one contiguous row per history column, extended with the new steps
+    only; with the edge points (non-finite or zero) found so far. A history that went back
+    (rewound, replaced) is read afresh."""
+
+    def __init__(self) -> None:
+        self.history: RunHistory | None = None
+        self.rows = 0
+        self.columns = 0
+        self.values = np.zeros((0, 0), dtype=np.float32)  # columns x step capacity
+        self.steps = np.zeros(0)
+        self.edge_rows = np.zeros(0, dtype=np.intp)
+        self.edge_columns = np.zeros(0, dtype=np.intp)
+        self.edge_values = np.zeros(0)
+        self.generation = 0  # changes whenever anything above does
+        self.resets = 0  # changes when earlier rows were replaced
+        self._last: tuple[np.ndarray, int] | None = None
+
+    def _still_valid(self, history: RunHistory, matrix: np.ndarray) -> bool:
+        if history is not self.history or len(matrix) < self.rows:
+            return False
+        if not self.rows or self._last is None:
+            return True
+        row, step = self._last
+        return (int(history.steps[self.rows - 1]) == step
+                and np.array_equal(matrix[self.rows - 1, : len(row)], row, equal_nan=True))
+
+    def update(self, history: RunHistory) -> bool:
+        """Take the steps added since the last call; True when anything changed."""
+        matrix = history.matrix("grad_norm")
+        count, columns = matrix.shape
+        if not self._still_valid(history, matrix):
+            self.history = history
+            self.rows = self.columns = 0
+            self.edge_rows = np.zeros(0, dtype=np.intp)
+            self.edge_columns = np.zeros(0, dtype=np.intp)
+            self.edge_values = np.zeros(0)
+            self.resets += 1
+            self.generation += 1
+        if count == self.rows and columns == self.columns:
+            return False
+        capacity_columns, capacity_rows = self.values.shape
+        if columns > capacity_columns or count > capacity_rows:
+            grown = np.full((max(columns, capacity_columns),
+                             max(count, 2 * capacity_rows, 64)), np.nan, dtype=np.float32)
+            grown[: self.columns, : self.rows] = self.values[: self.columns, : self.rows]
+            self.values = grown
+            steps = np.zeros(grown.shape[1])
+            steps[: self.rows] = self.steps[: self.rows]
+            self.steps = steps
+        # Columns added later hold MISSING in earlier rows, i.e. NaN here (the buffer's fill).
+        self.values[self.columns: columns, : self.rows] = np.nan
+        new = matrix[self.rows: count]
+        self.values[:columns, self.rows: count] = log10_display(new).T
+        self.steps[self.rows: count] = history.steps[self.rows: count]
+        edge_rows, edge_columns = np.nonzero(~np.isfinite(new) | (new == 0))
+        if len(edge_rows):
+            self.edge_rows = np.concatenate([self.edge_rows, edge_rows + self.rows])
+            self.edge_columns = np.concatenate([self.edge_columns, edge_columns])
+            self.edge_values = np.concatenate(
+                [self.edge_values, new[edge_rows, edge_columns].astype(np.float64)])
+        self.rows, self.columns = count, columns
+        if count:
+            self._last = (matrix[count - 1].copy(), int(history.steps[count - 1]))
+        self.generation += 1
+        return True
+
+
+class _PeakCache:
+    """Per-layer minimum and maximum of each block of ``per_block`` steps (peak
+    downsampling; NaN wins a block so that a gap never closes), for all complete blocks,
+    extended as steps arrive."""
+
+    def __init__(self) -> None:
+        self.per_block = 0
+        self.resets = -1
+        self.blocks = 0
+        self.low = np.zeros((0, 0), dtype=np.float32)
+        self.high = np.zeros((0, 0), dtype=np.float32)
+
+    def update(self, cache: _LogNormCache, per_block: int) -> None:
+        if (per_block != self.per_block or cache.resets != self.resets
+                or self.low.shape[0] < cache.columns):
+            self.per_block, self.resets, self.blocks = per_block, cache.resets, 0
+            self.low = np.zeros((cache.columns, 0), dtype=np.float32)
+            self.high = self.low
+        complete = cache.rows // per_block
+        if complete <= self.blocks:
+            return
+        if complete > self.low.shape[1]:
+            capacity = max(complete, 2 * self.low.shape[1])
+            for name in ("low", "high"):
+                grown = np.empty((cache.columns, capacity), dtype=np.float32)
+                grown[:, : self.blocks] = getattr(self, name)[: cache.columns, : self.blocks]
+                setattr(self, name, grown)
+        segment = cache.values[: cache.columns, self.blocks * per_block: complete * per_block]
+        segment = segment.reshape(cache.columns, complete - self.blocks, per_block)
+        self.low[:, self.blocks: complete] = segment.min(axis=2)
+        self.high[:, self.blocks: complete] = segment.max(axis=2)
+        self.blocks = complete
+
+
 class GradientNormPlot(QWidget):
     selection_made = Signal(object)  # Selection
 
@@ -168,17 +307,36 @@ class GradientNormPlot(QWidget):
         self.legend.setBrush(pg.mkBrush(255, 255, 255, 205))
         self.legend.setPen(pg.mkPen(200, 200, 200))
         self._legend_names: list[str] = []
+        # One curve per layer while few are ticked; with more, the unselected ones are drawn
+        # by one curve per colour (a ``connect`` array separates the layers), peak-downsampled
+        # to the view here, and only the selected layer keeps its own curve.
         self.curves: dict[str, pg.PlotDataItem] = {}
-        self._log: dict[str, np.ndarray] = {}
-        self._raw: dict[str, np.ndarray] = {}
+        self.group_curves: dict[int, pg.PlotDataItem] = {}
+        self.grouped = False
+        self.cache = _LogNormCache()
+        self._peaks = _PeakCache()
+        self._history: RunHistory | None = None
+        self._columns = np.zeros(0, dtype=np.intp)  # history columns of the ticked layers
+        self._names: list[str] = []  # layer name of each history column
+        self._colors: dict[str, QColor] = {}
+        self._curve_state: dict[str, tuple[int, bool]] = {}
+        self._group_key: tuple | None = None
+        self._selected: str | None = None
+        self._hold = False  # the panel is moving the view: draw once, afterwards
         self._steps = np.zeros(0)
         self._visible: list[str] = []
-        self._edge_points: list[tuple[str, int, float, bool]] = []  # layer, step, value, top
+        self._edge_key: tuple | None = None
+        self._edges: tuple[np.ndarray, np.ndarray, list, list, list, list] | None = None
+        self._edge_points: list[tuple[str, int, float]] = []  # layer, step, value
         self.markers = pg.ScatterPlotItem(size=13, pxMode=True, symbol="x",
                                           brush=pg.mkBrush(NONFINITE_MARKER_COLOR),
                                           pen=pg.mkPen(NONFINITE_MARKER_COLOR, width=2.5))
         self.markers.setZValue(20)
         self.item.addItem(self.markers, ignoreBounds=True)
+        self._marker_brushes = (pg.mkBrush(ZERO_MARKER_COLOR), pg.mkBrush(NONFINITE_MARKER_COLOR))
+        self._marker_pens = (pg.mkPen(ZERO_MARKER_COLOR, width=1),
+                             pg.mkPen(NONFINITE_MARKER_COLOR, width=1),
+                             pg.mkPen(NONFINITE_MARKER_COLOR, width=2.5))
         self.step_line = pg.InfiniteLine(
             angle=90, pen=pg.mkPen("#555", width=1, style=Qt.PenStyle.DashLine))
         self.step_line.setVisible(False)
@@ -189,7 +347,8 @@ class GradientNormPlot(QWidget):
         self.hover.setVisible(False)
         self.item.addItem(self.hover, ignoreBounds=True)
         self.hover_text = ""
-        self.item.vb.sigRangeChanged.connect(self._place_markers)
+        self.item.vb.sigRangeChanged.connect(self._on_view_range_changed)
+        self.item.vb.sigResized.connect(self._on_view_range_changed)
         scene = self.widget.scene()
         scene.sigMouseMoved.connect(self._on_scene_mouse_moved)
         scene.sigMouseClicked.connect(self._on_scene_mouse_clicked)
@@ -197,42 +356,174 @@ class GradientNormPlot(QWidget):
     # -- drawing -------------------------------------------------------------------------
     def refresh(self, view: PlotView) -> None:
         history = view.history
-        self._steps = history.steps.astype(np.float64)
+        self._history = history
+        self._colors = view.colors
+        cache = self.cache
+        cache.update(history)
+        rows = cache.rows
+        self._steps = cache.steps[:rows]
+        self._names = list(history.layer_names)
         visible = [name for name in view.order if name in view.visible and history.has_layer(name)]
-        edge_points: list[tuple[str, int, float, bool]] = []
-        for name in view.order:
-            if not history.has_layer(name):
-                continue
-            curve = self.curves.get(name)
-            color = view.colors.get(name, QColor("#1f77b4"))
-            if curve is None:
-                curve = pg.PlotDataItem(name=name or "(model)", connect="finite",
-                                         autoDownsampleFactor=1.0)
-                curve.setPen(pg.mkPen(color, width=1))
-                self.item.addItem(curve)
-                self.curves[name] = curve
-            shown = name in view.visible
-            curve.setVisible(shown)
-            if not shown:
-                continue
-            raw = history.series("grad_norm", name)
-            logged = log10_display(raw)
-            self._raw[name], self._log[name] = raw, logged
-            few = len(self._steps) <= _DOTS_UP_TO and bool(np.isfinite(logged).any())
-            curve.setData(self._steps, logged, connect="finite", symbol="o" if few else None,
-                          symbolSize=4, symbolBrush=color, symbolPen=None)
-            nonfinite = np.flatnonzero(~np.isfinite(raw))
-            zeros = np.flatnonzero(raw == 0)
-            edge_points.extend((name, int(self._steps[i]), float(raw[i]), True) for i in nonfinite)
-            edge_points.extend((name, int(self._steps[i]), 0.0, False) for i in zeros)
+        self._columns = np.fromiter((history.column(n) for n in visible), dtype=np.intp,
+                                    count=len(visible))
+        self._visible = visible
+        grouped = len(visible) > _GROUPED_ABOVE
+        if grouped != self.grouped:
+            self.grouped = grouped
+            self._curve_state.clear()
+            self._group_key = None
+        shown = set(visible)
+        if grouped:
+            for curve in self.group_curves.values():
+                curve.setVisible(True)
+            for name, curve in self.curves.items():
+                if name != view.selected_layer or name not in shown:
+                    curve.setVisible(False)
+                    self._curve_state.pop(name, None)
+        else:
+            for curve in self.group_curves.values():
+                curve.setVisible(False)
+            for name in view.order:
+                if history.has_layer(name):
+                    self._update_layer_curve(name, name in shown)
         for name, curve in self.curves.items():
             if not history.has_layer(name):
                 curve.setVisible(False)
-        self._edge_points = edge_points
-        self._visible = visible
+                self._curve_state.pop(name, None)
+        self._update_edges()
         self._update_legend(visible)
         self.show_selection(view.selected_layer, view.selected_step)
+        self._redraw_view_dependent()
+
+    def _layer_curve(self, name: str) -> pg.PlotDataItem:
+        curve = self.curves.get(name)
+        if curve is None:
+            color = self._colors.get(name, QColor("#1f77b4"))
+            curve = pg.PlotDataItem(name=name or "(model)", connect="finite",
+                                     autoDownsampleFactor=1.0)
+            curve.setPen(pg.mkPen(color, width=1))
+            self.item.addItem(curve)
+            self.curves[name] = curve
+        return curve
+
+    def _update_layer_curve(self, name: str, shown: bool) -> None:
+        """Give one layer's curve its data (views of the cache) if it changed."""
+        curve = self._layer_curve(name)
+        curve.setVisible(shown)
+        if not shown:
+            self._curve_state.pop(name, None)
+            return
+        cache = self.cache
+        state = (cache.generation, name == self._selected)
+        if self._curve_state.get(name) == state:
+            return
+        self._curve_state[name] = state
+        logged = cache.values[self._history.column(name), : cache.rows]
+        few = cache.rows <= _DOTS_UP_TO and bool(np.isfinite(logged).any())
+        color = self._colors.get(name, QColor("#1f77b4"))
+        curve.setData(self._steps, logged, connect="finite", symbol="o" if few else None,
+                      symbolSize=4, symbolBrush=color, symbolPen=None)
+
+    def _on_view_range_changed(self, *_: object) -> None:
+        if not self._hold:
+            self._redraw_view_dependent()
+
+    def hold(self, holding: bool) -> None:
+        """While the panel moves the view for a refresh, draw nothing (the refresh does)."""
+        self._hold = holding
+
+    def _redraw_view_dependent(self) -> None:
+        if self.grouped:
+            self._update_groups()
         self._place_markers()
+
+    def _update_groups(self) -> None:
+        """The unselected ticked layers, one curve per colour, clipped to the view and
+        peak-downsampled to about two points per pixel column (as pyqtgraph does per curve)."""
+        cache = self.cache
+        rows = cache.rows
+        vb = self.item.vb
+        (x0, x1), _ = vb.viewRange()
+        steps = cache.steps[:rows]
+        first = max(0, int(np.searchsorted(steps, x0, side="left")) - 1)
+        last = min(rows, int(np.searchsorted(steps, x1, side="right")) + 1)
+        per_block = max(1, int((last - first) / max(vb.width(), 1.0)))
+        key = (cache.generation, self._columns.tobytes(), first, last, per_block)
+        if key == self._group_key:
+            return
+        self._group_key = key
+        columns = self._columns
+        if per_block == 1:
+            x = steps[first:last]
+            y = cache.values[columns, first:last]
+        else:
+            peaks = self._peaks
+            peaks.update(cache, per_block)
+            start = first // per_block
+            stop = min(peaks.blocks, -(-last // per_block))
+            low = peaks.low[columns, start:stop]
+            high = peaks.high[columns, start:stop]
+            block_starts = steps[start * per_block: stop * per_block: per_block]
+            tail = rows - peaks.blocks * per_block
+            if last > peaks.blocks * per_block and tail:  # the incomplete last block
+                rest = cache.values[columns, peaks.blocks * per_block: rows]
+                low = np.concatenate([low, rest.min(axis=1, keepdims=True)], axis=1)
+                high = np.concatenate([high, rest.max(axis=1, keepdims=True)], axis=1)
+                block_starts = np.append(block_starts, steps[peaks.blocks * per_block])
+            x = np.repeat(block_starts, 2)
+            y = np.stack([low, high], axis=2).reshape(len(columns), -1)
+        few = rows <= _DOTS_UP_TO
+        groups: dict[int, list[int]] = {}
+        colors: dict[int, QColor] = {}
+        for position, column in enumerate(columns.tolist()):
+            color = self._colors.get(self._names[column], QColor("#1f77b4"))
+            rgba = color.rgba()
+            groups.setdefault(rgba, []).append(position)
+            colors[rgba] = color
+        for rgba, curve in self.group_curves.items():
+            if rgba not in groups:
+                curve.setData([], [])
+        for rgba, positions in groups.items():
+            curve = self.group_curves.get(rgba)
+            if curve is None:
+                curve = pg.PlotDataItem(pen=pg.mkPen(colors[rgba], width=1))
+                self.item.vb.addItem(curve)
+                self.group_curves[rgba] = curve
+            values = y[positions]
+            finite = np.isfinite(values)
+            connect = np.zeros(values.shape, dtype=bool)
+            connect[:, :-1] = finite[:, :-1] & finite[:, 1:]
+            keep = finite.ravel()
+            xs = np.broadcast_to(x, values.shape).ravel()[keep]
+            curve.setData(xs, values.ravel()[keep], connect=connect.ravel()[keep],
+                          skipFiniteCheck=True, symbol="o" if few else None, symbolSize=4,
+                          symbolBrush=colors[rgba], symbolPen=None)
+
+    def _update_edges(self) -> None:
+        """Markers data for the ticked layers' non-finite and zero values."""
+        cache = self.cache
+        key = (cache.generation, self._columns.tobytes())
+        if key == self._edge_key:
+            return
+        self._edge_key = key
+        ticked = np.zeros(max(cache.columns, 1), dtype=bool)
+        ticked[self._columns] = True
+        keep = ticked[cache.edge_columns]
+        rows = cache.edge_rows[keep]
+        columns = cache.edge_columns[keep]
+        values = cache.edge_values[keep]
+        steps = cache.steps[rows]
+        top = values != 0
+        nan = np.isnan(values)
+        symbols = np.where(nan, "x", np.where(top, "t1", "t")).tolist()
+        brushes = [self._marker_brushes[t] for t in top.tolist()]
+        pens = [self._marker_pens[2 if n else int(t)] for n, t in zip(nan.tolist(), top.tolist(),
+                                                                       strict=True)]
+        names = self._names
+        data = [(names[c], int(s), float(v))
+                for c, s, v in zip(columns.tolist(), steps.tolist(), values.tolist(), strict=True)]
+        self._edges = (steps, top, symbols, brushes, pens, data)
+        self._edge_points = data
 
     def _update_legend(self, visible: list[str]) -> None:
         shown = visible[:_LEGEND_MAX] if len(visible) <= _LEGEND_MAX else []
@@ -245,14 +536,18 @@ class GradientNormPlot(QWidget):
             if name == _EDGE_LEGEND:
                 self.legend.addItem(self.markers, "NaN/Inf (top edge), 0 (bottom)")
             else:
-                self.legend.addItem(self.curves[name], _elide(name, 30))
+                self.legend.addItem(self._layer_curve(name), _elide(name, 30))
         self._legend_names = shown
         self.legend.setVisible(bool(shown))
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
-        for name, curve in self.curves.items():
-            pen = curve.opts["pen"]
-            color = pg.mkPen(pen).color()
+        previous, self._selected = self._selected, layer
+        for name in {previous, layer}:
+            curve = self.curves.get(name) if name is not None else None
+            if curve is None and not (self.grouped and name == layer and name in self._visible):
+                continue
+            curve = self._layer_curve(name)
+            color = pg.mkPen(curve.opts["pen"]).color()
             # Qt strokes antialiased pens wider than 1 px very slowly (seconds for a
             # 10,000-point curve), so only the one highlighted curve is wide, and not
             # antialiased.
@@ -260,31 +555,27 @@ class GradientNormPlot(QWidget):
             curve.setPen(pg.mkPen(color, width=2.6 if selected else 1))
             curve.opts["antialias"] = not selected
             curve.curve.opts["antialias"] = not selected
-            curve.setZValue(10 if name == layer else 0)
+            curve.setZValue(10 if selected else 0)
+            if self.grouped:
+                # Over the grouped curves, only the selected layer has a curve of its own.
+                if selected and name in self._visible:
+                    self._update_layer_curve(name, True)
+                else:
+                    curve.setVisible(False)
+                    self._curve_state.pop(name, None)
         self.step_line.setVisible(step is not None)
         if step is not None:
             self.step_line.setValue(step)
 
     def _place_markers(self, *_: object) -> None:
-        if not self._edge_points:
+        if not self._edge_points or self._edges is None:
             self.markers.setData([])
             return
         (_, _), (bottom, top) = self.item.vb.viewRange()
         _, pixel_height = self.item.vb.viewPixelSize()
-        top_y = top - 8 * pixel_height
-        bottom_y = bottom + 8 * pixel_height
-        spots = []
-        for name, step, value, at_top in self._edge_points:
-            nan = isinstance(value, float) and math.isnan(value)
-            spots.append({
-                "pos": (step, top_y if at_top else bottom_y),
-                "symbol": "x" if nan else ("t1" if at_top else "t"),
-                "brush": pg.mkBrush(NONFINITE_MARKER_COLOR if at_top else ZERO_MARKER_COLOR),
-                "pen": pg.mkPen(NONFINITE_MARKER_COLOR if at_top else ZERO_MARKER_COLOR,
-                                width=2.5 if nan else 1),
-                "data": (name, step, value),
-            })
-        self.markers.setData(spots)
+        steps, at_top, symbols, brushes, pens, data = self._edges
+        y = np.where(at_top, top - 8 * pixel_height, bottom + 8 * pixel_height)
+        self.markers.setData(x=steps, y=y, symbol=symbols, brush=brushes, pen=pens, data=data)
 
     # -- hover and click -----------------------------------------------------------------
     def nearest(self, scene_pos: QPointF) -> tuple[str, int, float] | None:
@@ -303,17 +594,30 @@ class GradientNormPlot(QWidget):
             if distance <= _HOVER_PIXELS and (best is None or distance < best[0]):
                 best = (distance, spot.data())
         row = int(np.argmin(np.abs(self._steps - point.x())))
-        if abs(self._steps[row] - point.x()) / pixel_width <= _HOVER_PIXELS * 3:
-            for name in self._visible:
-                y = self._log[name][row]
-                if not np.isfinite(y):
-                    continue
-                dx = (self._steps[row] - point.x()) / pixel_width
-                dy = (y - point.y()) / pixel_height
-                distance = math.hypot(dx, dy)
-                if distance <= _HOVER_PIXELS * 1.5 and (best is None or distance < best[0]):
-                    best = (distance, (name, int(self._steps[row]), float(self._raw[name][row])))
+        dx = (self._steps[row] - point.x()) / pixel_width
+        if abs(dx) <= _HOVER_PIXELS * 3 and len(self._columns) and self._history is not None:
+            ys = self.cache.values[self._columns, row].astype(np.float64)
+            distances = np.hypot(dx, (ys - point.y()) / pixel_height)
+            distances[~np.isfinite(distances)] = np.inf
+            i = int(np.argmin(distances))
+            distance = float(distances[i])
+            if distance <= _HOVER_PIXELS * 1.5 and (best is None or distance < best[0]):
+                column = int(self._columns[i])
+                value = float(self._history.matrix("grad_norm")[row, column])
+                best = (distance, (self._names[column], int(self._steps[row]), value))
         return best[1] if best else None
+
+    def clear(self) -> None:
+        for curve in self.curves.values():
+            self.item.removeItem(curve)
+        self.curves.clear()
+        for curve in self.group_curves.values():
+            self.item.vb.removeItem(curve)
+        self.group_curves.clear()
+        self._curve_state.clear()
+        self._group_key = self._edge_key = None
+        self._selected = None
+        self._legend_names = ["-"]
 
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
         found = self.nearest(scene_pos)
@@ -422,8 +726,18 @@ class HeatmapPlot(QWidget):
 
     selection_made = Signal(object)
 
-    def __init__(self) -> None:
+    def __init__(self, cache: _LogNormCache | None = None) -> None:
         super().__init__()
+        # Tells when the history went back (then everything is drawn afresh).
+        self.cache = cache if cache is not None else _LogNormCache()
+        self._key: tuple | None = None
+        self._count = 0
+        self._blocks = 0
+        self._low_high = (math.inf, -math.inf)
+        self._colored_levels: tuple[float, float] | None = None
+        self._colored_rows = 0
+        self._shown = np.zeros((0, 0), dtype=np.float32)
+        self._rgba = np.zeros((0, 0, 4), dtype=np.uint8)
         self.widget = pg.PlotWidget()
         self.widget.setTitle("log10 gradient norm, layers × steps (red: NaN/Inf)", size="10pt")
         self.widget.setMinimumSize(200, 150)
@@ -468,31 +782,67 @@ class HeatmapPlot(QWidget):
         self._order = order
         if not order or history.count == 0:
             self.image.clear()
+            self._key = None
             return
-        columns = [history.column(name) for name in order]
-        matrix, self.steps_per_column = reduce_steps(history.matrix("grad_norm")[:, columns])
+        cache = self.cache
+        cache.update(history)
+        count = history.count
+        columns = np.fromiter((history.column(name) for name in order), dtype=np.intp,
+                              count=len(order))
+        per_row = max(1, math.ceil(count / HEATMAP_MAX_COLUMNS))
+        key = (cache.resets, columns.tobytes(), per_row)
+        if key != self._key:
+            # Blocks of steps change with the number of steps (at most HEATMAP_MAX_COLUMNS
+            # columns), or the layers changed: start over.
+            self._key = key
+            self._blocks = 0
+            self._low_high = (math.inf, -math.inf)
+            self._colored_levels = None
+            self._colored_rows = 0
+            self._shown = np.full((HEATMAP_MAX_COLUMNS + 1, len(order)), MISSING,
+                                  dtype=np.float32)
+            self._rgba = np.zeros((HEATMAP_MAX_COLUMNS + 1, len(order), 4), dtype=np.uint8)
+        elif count == self._count:
+            self.show_selection(view.selected_layer, view.selected_step)
+            return
+        self._count = count
+        matrix = history.matrix("grad_norm")
+        identity = np.array_equal(columns, np.arange(matrix.shape[1]))
+        complete = count // per_row
+        if complete > self._blocks:
+            new = matrix[self._blocks * per_row: complete * per_row]
+            new = new if identity else new[:, columns]
+            reduced, _ = reduce_steps(new, limit=max(1, len(new) // per_row))
+            self._shown[self._blocks: complete] = reduced
+            self._low_high = _finite_log_range(reduced, self._low_high)
+            self._blocks = complete
+        rows = complete
+        low, high = self._low_high
+        if count > complete * per_row:  # the last, incomplete block
+            tail = matrix[complete * per_row: count]
+            tail = tail if identity else tail[:, columns]
+            self._shown[complete] = tail.max(axis=0)
+            low, high = _finite_log_range(self._shown[complete: complete + 1], (low, high))
+            rows += 1
+        matrix = self._shown[:rows]
         self._matrix = matrix
+        self.steps_per_column = per_row
         self._steps = history.steps.astype(np.float64)
-        logged = log10_display(matrix)
-        finite = np.isfinite(logged)
-        if finite.any():
-            low, high = float(logged[finite].min()), float(logged[finite].max())
-        else:
+        if not math.isfinite(low):
             low, high = 0.0, 1.0
         if high - low < 1e-6:
             low, high = low - 0.5, high + 0.5
         self.levels = (low, high)
-        lut = _VIRIDIS.getLookupTable(0.0, 1.0, 256, alpha=True)
-        scaled = np.clip((np.nan_to_num(logged, nan=low) - low) / (high - low), 0, 1)
-        rgba = lut[(scaled * 255).astype(np.intp)]
-        rgba[matrix == 0] = lut[0]
-        rgba[matrix == MISSING] = _MISSING_COLOR
-        rgba[~np.isfinite(matrix)] = _NONFINITE_RGBA
-        self.rgba = rgba
-        self.image.setImage(rgba, autoLevels=False)
-        first = self._steps[0]
-        width = len(matrix) * self.steps_per_column
-        self.image.setRect(QRectF(first - 0.5, -0.5, max(width, 1), len(order)))
+        # Colour only the blocks not coloured yet, unless the colour scale moved.
+        first = self._colored_rows if self._colored_levels == (low, high) else 0
+        first = min(first, complete)
+        self._rgba[first:rows] = _colorize(matrix[first:rows], low, high)
+        self._colored_levels, self._colored_rows = (low, high), complete
+        self.rgba = self._rgba[:rows]
+        self.image.setImage(self.rgba, autoLevels=False)
+        first_step = self._steps[0]
+        width = rows * per_row
+        self.image.setRect(QRectF(first_step - 0.5, -0.5, max(width, 1), len(order)))
         self.colorbar.setLevels((low, high))
         self.show_selection(view.selected_layer, view.selected_step)
 
@@ -636,7 +986,7 @@ class GradientFlowPlot(QWidget):
             x0.append(low)
             x1.append(end)
             ys.append(i)
-            brushes.append(pg.mkBrush(STATUS_COLORS.get(int(status[i]), "#7f7f7f")))
+            brushes.append(_status_brush(int(status[i])))
         if ys:
             self.bars.setOpts(x0=x0, x1=x1, y=ys, height=0.72, brushes=brushes,
                               pens=[pg.mkPen(None)] * len(ys))
@@ -684,7 +1034,7 @@ class PlotPanel(QWidget):
         super().__init__()
         self.gradient_norm = GradientNormPlot()
         self.loss = LossPlot()
-        self.heatmap = HeatmapPlot()
+        self.heatmap = HeatmapPlot(self.gradient_norm.cache)
         self.flow = GradientFlowPlot()
         self.loss.item.setXLink(self.gradient_norm.item)
         self.heatmap.item.setXLink(self.gradient_norm.item)
@@ -725,12 +1075,17 @@ class PlotPanel(QWidget):
 
     def refresh(self, view: PlotView) -> None:
         self._last_view = view
+        if self.follow_range:
+            # First the view, then the data: the gradient-norm plot draws what is in view.
+            self.gradient_norm.hold(True)
+            try:
+                self._fit_shared_axes(view)
+            finally:
+                self.gradient_norm.hold(False)
         self.gradient_norm.refresh(view)
         self.loss.refresh(view)
         self.heatmap.refresh(view)
         self.flow.refresh(view)
-        if self.follow_range:
-            self._fit_shared_axes(view)
 
     def _fit_shared_axes(self, view: PlotView) -> None:
         history = view.history
@@ -753,10 +1108,7 @@ class PlotPanel(QWidget):
             self.flow.refresh(self._last_view)
 
     def clear(self) -> None:
-        for curve in self.gradient_norm.curves.values():
-            self.gradient_norm.item.removeItem(curve)
-        self.gradient_norm.curves.clear()
-        self.gradient_norm._legend_names = ["-"]
+        self.gradient_norm.clear()
         self._last_view = None
 
     def auto_range(self) -> None:

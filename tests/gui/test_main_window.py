@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
+from gui_helpers import LOAD_TIMEOUT, RUN_TIMEOUT, open_and_wait, run_and_wait
 from PySide6.QtCore import QPointF, Qt
 
 from gradscope.core.history import MISSING
@@ -14,20 +15,7 @@ from gradscope.gui.module_tree_model import STATUS
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import ORIGIN_TINT
 
-LOAD_TIMEOUT = 30_000
-RUN_TIMEOUT = 30_000
 CHECK = Qt.ItemDataRole.CheckStateRole
-
-
-def open_and_wait(qtbot, window, source: str, **overrides) -> None:
-    with qtbot.waitSignal(window.model_loaded, timeout=LOAD_TIMEOUT):
-        window.open_model(source, overrides or None)
-
-
-def run_and_wait(qtbot, window, action) -> object:
-    with qtbot.waitSignal(window.run_paused, timeout=RUN_TIMEOUT) as blocker:
-        action()
-    return blocker.args[0]
 
 
 def watched_names(window) -> list[str]:

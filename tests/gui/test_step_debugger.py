@@ -3,23 +3,10 @@ rewinding: real runs of tiny models on the run thread."""
 
 from __future__ import annotations
 
+from gui_helpers import RUN_TIMEOUT, open_and_wait, run_and_wait
 from PySide6.QtCore import Qt
 
 from gradscope.core.trace import BACKWARD
-
-LOAD_TIMEOUT = 30_000
-RUN_TIMEOUT = 30_000
-
-
-def open_and_wait(qtbot, window, source: str, **overrides) -> None:
-    with qtbot.waitSignal(window.model_loaded, timeout=LOAD_TIMEOUT):
-        window.open_model(source, overrides or None)
-
-
-def run_and_wait(qtbot, window, action) -> object:
-    with qtbot.waitSignal(window.run_paused, timeout=RUN_TIMEOUT) as blocker:
-        action()
-    return blocker.args[0]
 
 
 def current_tree_name(window) -> str | None:

@@ -116,13 +116,13 @@ def _transformer(device: torch.device):
 
 def cases(device: torch.device) -> list[Case]:
     found = [
-        Case("mlp", "20-layer MLP, width 256, batch 32", _mlp, 40, 12, 1.05, 40),
+        Case("mlp", "20-layer MLP, width 256, batch 32", _mlp, 80, 8, 1.05, 40),
         Case(
             "resnet18",
             "torchvision resnet18, batch 16, 64x64",
             _resnet("resnet18", 16, 64),
-            30,
-            6,
+            60,
+            4,
             1.03,
             100,
         ),
@@ -130,8 +130,8 @@ def cases(device: torch.device) -> list[Case]:
             "transformer",
             "4-layer transformer encoder, d=128, seq 64, batch 16",
             _transformer,
-            30,
-            8,
+            60,
+            4,
             1.03,
             70,
         ),

@@ -17,7 +17,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
-from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
 from gradscope.core.watch import classify
@@ -1065,6 +1065,13 @@ class PlotPanel(QWidget):
         for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
             plot.selection_made.connect(self.selection_made)
             plot.item.vb.sigRangeChangedManually.connect(self._on_view_range_changed_manually)
+        # The axes (with their grid lines, across the whole plot) are drawn into a pixmap
+        # kept until their range changes: a new curve point repaints the area behind it,
+        # which would otherwise replay every tick label and grid line, each refresh.
+        for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
+            for name in ("left", "bottom", "right", "top"):
+                plot.item.getAxis(name).setCacheMode(
+                    QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self._last_view: PlotView | None = None
         # Linked views turn each other's auto-range off, so the shared step axis and layer
         # rows are ranged here, until the user zooms or pans (View > Reset plot zoom).
@@ -1086,6 +1093,10 @@ class PlotPanel(QWidget):
         self.loss.refresh(view)
         self.heatmap.refresh(view)
         self.flow.refresh(view)
+        # Settle the auto-ranges now: done in the paint, a range change asks for a second
+        # paint of the plot (and of the plots linked to it).
+        for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
+            plot.item.vb.prepareForPaint()
 
     def _fit_shared_axes(self, view: PlotView) -> None:
         history = view.history

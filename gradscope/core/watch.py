@@ -124,8 +124,10 @@ class _Entry:
 
     ``present`` is None when every parameter of the group had a gradient. ``squared``:
     the gradient and weight figures are sums of squares (CPU dot products), not norms.
-    ``interleaved`` (CPU): (figure, min, max) per gradient, min and max from aminmax; else
-    the gradient figures, then the weights', then max |g| of the non-empty gradients.
+    Layout, ``interleaved`` (CPU): a (figure, min, max) triple per present gradient (min and
+    max from aminmax), then one figure per weight of the group. Otherwise (fused): the
+    gradient figures, then the weights', then max |g| of the non-empty gradients.
+    Unwatched entries hold gradient figures only.
     """
 
     kind: str

@@ -693,6 +693,7 @@ class MainWindow(QMainWindow):
             colors=self._colors,
             flow=self.debugger.flow_override,
             flow_title=self.debugger.flow_title,
+            live=self.state == "running",
         )
         self.plots.refresh(view)
         self._refresh_tree_values(step)

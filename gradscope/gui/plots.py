@@ -60,6 +60,8 @@ class PlotView:
     # reached yet are absent), shown by the gradient-flow chart instead of the step's row.
     flow: dict[str, float] | None = None
     flow_title: str | None = None
+    # Steps are arriving (a run is going on).
+    live: bool = False
 
 
 def classify_for_display(value: float, view: PlotView) -> int:
@@ -126,6 +128,14 @@ def layer_color(position: int) -> QColor:
     if position < len(_LAYER_PALETTE):
         return QColor(_LAYER_PALETTE[position])
     return pg.intColor(position, hues=13, values=2, maxValue=220, minValue=140)
+
+
+def _round_up_to_nice(value: float) -> float:
+    """The smallest of 1, 2 or 5 times a power of ten that is at least ``value`` (>= 1)."""
+    if value <= 1:
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= value)
 
 
 _STATUS_BRUSHES: dict[int, QBrush] = {}
@@ -1104,6 +1114,12 @@ class PlotPanel(QWidget):
             first, last = float(history.steps[0]), float(history.steps[-1])
             # At least ten steps wide, so that a short run has whole-step ticks.
             last = max(last, first + 9)
+            if view.live:
+                # While steps arrive the step axis grows in jumps of about an eighth of its
+                # span, not at every redraw: each change redraws three step axes and their
+                # grids. The fit is exact again when the run stops.
+                jump = _round_up_to_nice((last - first) / 8)
+                last = first + math.ceil((last - first) / jump) * jump
             self.gradient_norm.item.setXRange(first - 0.5, last + 0.5, padding=0.02)
         layers = sum(1 for name in view.order if history.has_layer(name))
         if layers:

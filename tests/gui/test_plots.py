@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyqtgraph as pg
 
 from gradscope.core.history import MISSING
 from gradscope.gui.plots import log10_display, reduce_steps
@@ -33,3 +34,131 @@ def test_reduce_steps_is_a_no_op_for_short_runs() -> None:
     matrix = np.arange(12, dtype=np.float32).reshape(4, 3)
     reduced, per_row = reduce_steps(matrix)
     assert per_row == 1 and reduced is matrix
+
+
+# -- incremental drawing of long histories (issue 6) -------------------------------------
+def _history(layers: int, steps: int, seed: int = 0):
+    from gradscope.core.history import RunHistory
+    from gradscope.core.watch import StepStats, classify
+
+    names = [f"layer{i}" for i in range(layers)]
+    history = RunHistory(capacity=8)
+    rng = np.random.default_rng(seed)
+    base = 10.0 ** rng.uniform(-6, 3, layers)
+    zeros = np.zeros(layers, dtype=np.int64)
+
+    def append(count: int) -> None:
+        for _ in range(count):
+            step = history.count
+            norms = base * np.exp(rng.normal(0, 0.3, layers))
+            if step % 17 == 5:
+                norms[step % layers] = np.nan
+            if step % 23 == 7:
+                norms[(step + 3) % layers] = 0.0
+            stats = StepStats(step=step, loss=1.0, total_grad_norm=float(np.nansum(norms)),
+                              grad_norm=norms, max_abs=norms, weight_norm=np.ones(layers),
+                              nan_count=zeros, inf_count=zeros,
+                              status=classify(norms, zeros, 1000.0, 1e-7),
+                              param_grad_norm=norms)
+            history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
+
+    append(steps)
+    return names, history, append
+
+
+def _view(names, history, visible=None, selected=None):
+    from gradscope.gui.plots import PlotView, layer_color
+
+    return PlotView(history=history, order=list(names),
+                    visible=set(names if visible is None else visible),
+                    selected_layer=selected,
+                    colors={name: layer_color(i) for i, name in enumerate(names)})
+
+
+def test_log_cache_grows_with_new_steps_and_starts_over_after_a_rewind() -> None:
+    from gradscope.gui.plots import _LogNormCache
+
+    _names, history, append = _history(5, 40)
+    cache = _LogNormCache()
+    assert cache.update(history)
+    append(25)
+    assert cache.update(history) and not cache.update(history)
+    full = log10_display(history.matrix("grad_norm")).T.astype(np.float32)
+    assert np.array_equal(cache.values[:5, : cache.rows], full, equal_nan=True)
+    assert len(cache.edge_rows) == int((~np.isfinite(full) | (history.matrix("grad_norm").T
+                                                               == 0)).sum())
+    resets = cache.resets
+    history.rewind_to(30)
+    append(40)  # a new branch, as long as before: the old rows must not be kept
+    cache.update(history)
+    assert cache.resets > resets
+    full = log10_display(history.matrix("grad_norm")).T.astype(np.float32)
+    assert np.array_equal(cache.values[:5, : cache.rows], full, equal_nan=True)
+
+
+def test_many_layers_share_one_curve_per_colour_with_gaps_and_markers(qtbot) -> None:
+    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
+
+    names, history, append = _history(_GROUPED_ABOVE + 20, 300)
+    plot = GradientNormPlot()
+    qtbot.addWidget(plot)
+    plot.resize(600, 400)
+    plot.show()
+    plot.item.setXRange(0, 299, padding=0)
+    plot.refresh(_view(names, history, selected="layer3"))
+    assert plot.grouped and len(plot.group_curves) < len(names)
+    # Only the selected layer has a curve of its own, drawn wider.
+    assert [name for name, curve in plot.curves.items() if curve.isVisible()] == ["layer3"]
+    assert plot.curves["layer3"].opts["pen"].widthF() > 1
+    # Every finite point of every layer is drawn (here 300 steps: no downsampling), each
+    # layer's points joined only to its own finite neighbours.
+    drawn = 0
+    for curve in plot.group_curves.values():
+        x, y = curve.getData()
+        drawn += len(x)
+        connect = curve.opts["connect"]
+        assert not connect[-1] and np.isfinite(y).all()
+    matrix = history.matrix("grad_norm")
+    assert drawn == int((np.isfinite(matrix) & (matrix > 0)).sum())
+    assert len(plot.markers.points()) == int((~np.isfinite(matrix) | (matrix == 0)).sum())
+    # New steps reach the curves; a long history is peak-downsampled to the view's width.
+    append(3000)
+    plot.item.setXRange(0, history.count, padding=0)
+    plot.refresh(_view(names, history))
+    assert 0 < max(len(c.getData()[0]) for c in plot.group_curves.values()) < \
+        2 * 3300 * len(names) / len(plot.group_curves) / 2
+    # Hovering finds a layer's point from the shared curves.
+    plot.item.setXRange(100, 140, padding=0)
+    plot.widget.grab()  # settles the ranges
+    row = 120
+    value = float(history.matrix("grad_norm")[row, 4])
+    scene_pos = plot.item.vb.mapViewToScene(pg.Point(row, np.log10(value)))
+    found = plot.nearest(scene_pos)
+    assert found is not None and found[1] == row
+
+
+def test_heatmap_drawn_step_by_step_equals_drawn_at_once(qtbot) -> None:
+    from gradscope.gui.plots import HEATMAP_MAX_COLUMNS, HeatmapPlot
+
+    names, history, append = _history(6, HEATMAP_MAX_COLUMNS - 50)
+    growing = HeatmapPlot()
+    qtbot.addWidget(growing)
+    growing.refresh(_view(names, history))
+    for _ in range(4):  # crosses the limit: blocks of two steps from then on
+        append(37)
+        growing.refresh(_view(names, history))
+    fresh = HeatmapPlot()
+    qtbot.addWidget(fresh)
+    fresh.refresh(_view(names, history))
+    assert growing.steps_per_column == fresh.steps_per_column == 2
+    assert np.array_equal(growing.rgba, fresh.rgba)
+    assert growing.levels == fresh.levels
+    nonfinite = (growing.rgba[..., 0] == 214) & (growing.rgba[..., 1] == 39)
+    assert nonfinite.sum() >= 1
+
+
+def test_nice_rounding_of_the_step_axis_while_running() -> None:
+    from gradscope.gui.plots import _round_up_to_nice
+
+    assert [_round_up_to_nice(v) for v in (0.3, 1, 1.5, 3, 7, 12, 4500)] == \
+        [1, 1, 2, 5, 10, 20, 5000]

@@ -321,7 +321,11 @@ class GradientNormPlot(QWidget):
         # by one curve per colour (a ``connect`` array separates the layers), peak-downsampled
         # to the view here, and only the selected layer keeps its own curve.
         self.curves: dict[str, pg.PlotDataItem] = {}
-        self.group_curves: dict[int, pg.PlotDataItem] = {}
+        self.group_curves: dict[int, pg.PlotCurveItem] = {}
+        # While there are few steps, the grouped layers' points as dots (one step has no
+        # line to draw).
+        self.group_dots = pg.ScatterPlotItem(size=4, pen=None)
+        self.group_dots.setVisible(False)
         self.grouped = False
         self.cache = _LogNormCache()
         self._peaks = _PeakCache()
@@ -343,6 +347,7 @@ class GradientNormPlot(QWidget):
                                           pen=pg.mkPen(NONFINITE_MARKER_COLOR, width=2.5))
         self.markers.setZValue(20)
         self.item.addItem(self.markers, ignoreBounds=True)
+        self.item.vb.addItem(self.group_dots)
         self._marker_brushes = (pg.mkBrush(ZERO_MARKER_COLOR), pg.mkBrush(NONFINITE_MARKER_COLOR))
         self._marker_pens = (pg.mkPen(ZERO_MARKER_COLOR, width=1),
                              pg.mkPen(NONFINITE_MARKER_COLOR, width=1),
@@ -383,6 +388,7 @@ class GradientNormPlot(QWidget):
             self._curve_state.clear()
             self._group_key = None
         shown = set(visible)
+        self.group_dots.setVisible(grouped)
         if grouped:
             for curve in self.group_curves.values():
                 curve.setVisible(True)
@@ -493,10 +499,13 @@ class GradientNormPlot(QWidget):
         for rgba, curve in self.group_curves.items():
             if rgba not in groups:
                 curve.setData([], [])
+        dots: list[tuple[np.ndarray, np.ndarray, QColor]] = []
         for rgba, positions in groups.items():
             curve = self.group_curves.get(rgba)
             if curve is None:
-                curve = pg.PlotDataItem(pen=pg.mkPen(colors[rgba], width=1))
+                # PlotCurveItem, not PlotDataItem: the clipping and downsampling are done
+                # here, and its setData costs a third.
+                curve = pg.PlotCurveItem(pen=pg.mkPen(colors[rgba], width=1))
                 self.item.vb.addItem(curve)
                 self.group_curves[rgba] = curve
             values = y[positions]
@@ -505,9 +514,16 @@ class GradientNormPlot(QWidget):
             connect[:, :-1] = finite[:, :-1] & finite[:, 1:]
             keep = finite.ravel()
             xs = np.broadcast_to(x, values.shape).ravel()[keep]
-            curve.setData(xs, values.ravel()[keep], connect=connect.ravel()[keep],
-                          skipFiniteCheck=True, symbol="o" if few else None, symbolSize=4,
-                          symbolBrush=colors[rgba], symbolPen=None)
+            ys = values.ravel()[keep]
+            curve.setData(xs, ys, connect=connect.ravel()[keep], skipFiniteCheck=True)
+            if few:
+                dots.append((xs, ys, colors[rgba]))
+        if dots:
+            self.group_dots.setData(
+                x=np.concatenate([d[0] for d in dots]), y=np.concatenate([d[1] for d in dots]),
+                brush=[brush for xs, _, color in dots for brush in [pg.mkBrush(color)] * len(xs)])
+        else:
+            self.group_dots.setData([])
 
     def _update_edges(self) -> None:
         """Markers data for the ticked layers' non-finite and zero values."""
@@ -624,6 +640,7 @@ class GradientNormPlot(QWidget):
         for curve in self.group_curves.values():
             self.item.vb.removeItem(curve)
         self.group_curves.clear()
+        self.group_dots.setData([])
         self._curve_state.clear()
         self._group_key = self._edge_key = None
         self._selected = None

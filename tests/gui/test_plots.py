@@ -162,3 +162,17 @@ def test_nice_rounding_of_the_step_axis_while_running() -> None:
 
     assert [_round_up_to_nice(v) for v in (0.3, 1, 1.5, 3, 7, 12, 4500)] == \
         [1, 1, 2, 5, 10, 20, 5000]
+
+
+def test_many_layers_with_few_steps_show_dots(qtbot) -> None:
+    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
+
+    names, history, _append = _history(_GROUPED_ABOVE + 5, 1)
+    plot = GradientNormPlot()
+    qtbot.addWidget(plot)
+    plot.resize(600, 400)
+    plot.show()
+    plot.item.setXRange(-1, 1, padding=0)
+    plot.refresh(_view(names, history))
+    assert plot.grouped and plot.group_dots.isVisible()
+    assert len(plot.group_dots.points()) == len(names)  # one step: no line, a dot each

@@ -26,8 +26,13 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 def _to_float32(values: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype=np.float64)
-    saturated = np.where(np.isfinite(values), np.clip(values, -_FLOAT32_MAX, _FLOAT32_MAX), values)
-    return saturated.astype(np.float32)
+    with np.errstate(over="ignore"):
+        narrowed = values.astype(np.float32)
+    overflowed = np.isinf(narrowed)
+    if overflowed.any():  # rare: only finite values beyond float32's range are fixed up
+        finite = overflowed & np.isfinite(values)
+        narrowed[finite] = np.copysign(_FLOAT32_MAX, values[finite])
+    return narrowed
 
 
 @dataclass(frozen=True)
@@ -157,9 +162,10 @@ class RunHistory:
         self.loss[row] = loss
         if stats is not None:
             self.total_grad_norm[row] = stats.total_grad_norm
-            self._stats["grad_norm"][row, columns] = _to_float32(stats.grad_norm)
-            self._stats["max_abs"][row, columns] = _to_float32(stats.max_abs)
-            self._stats["weight_norm"][row, columns] = _to_float32(stats.weight_norm)
+            packed = _to_float32(np.stack((stats.grad_norm, stats.max_abs, stats.weight_norm)))
+            self._stats["grad_norm"][row, columns] = packed[0]
+            self._stats["max_abs"][row, columns] = packed[1]
+            self._stats["weight_norm"][row, columns] = packed[2]
             if stats.update_ratio is not None:
                 self._stats["update_ratio"][row, columns] = _to_float32(stats.update_ratio)
             self._status[row, columns] = stats.status

@@ -233,9 +233,11 @@ def measure_throughput(window, app, script: str) -> dict:
     }
 
 
+# Both children print wall-clock times (time.time()); the parent subtracts the moment it
+# started them, so interpreter start-up counts and interpreter shut-down does not.
+FLOOR_CHILD = "import torch, PySide6.QtWidgets, pyqtgraph, time; print(time.time())"
 LAUNCH_CHILD = """
 import time, sys
-started = time.perf_counter()
 from gradscope.gui.app import make_application
 from gradscope.gui.main_window import MainWindow
 from PySide6.QtCore import QSettings, QTimer
@@ -244,33 +246,31 @@ window = MainWindow(QSettings({ini!r}, QSettings.Format.IniFormat), persist=Fals
 window.resize(1280, 800)
 window.show()
 app.processEvents()
-usable = time.perf_counter() - started
+usable = time.time()
 window.model_loaded.connect(lambda _p: QTimer.singleShot(0, app.quit))
 window.open_model({script!r})
 app.exec()
-print(usable, time.perf_counter() - started)
+print(usable, time.time())
 window.close()
 """
 
 
 def measure_launch(script: str) -> dict:
-    floor_code = "import torch, PySide6.QtWidgets, pyqtgraph"
     ini = tempfile.mktemp(suffix=".ini")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
 
-    def wall(args: list[str]) -> tuple[float, str]:
-        started = time.perf_counter()
-        done = subprocess.run(args, check=True, capture_output=True, text=True, env=env)
-        return time.perf_counter() - started, done.stdout
+    def since_start(code: str) -> list[float]:
+        started = time.time()
+        done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                              text=True, env=env)
+        return [float(value) - started for value in done.stdout.split()]
 
     floors, usable, loaded = [], [], []
     for _ in range(3):
-        floors.append(wall([sys.executable, "-c", floor_code])[0])
-        total, out = wall([sys.executable, "-c", LAUNCH_CHILD.format(ini=ini, script=script)])
-        # the child measures from its first line; add the interpreter's own start-up
-        start_up = total - float(out.split()[1])
-        usable.append(start_up + float(out.split()[0]))
-        loaded.append(start_up + float(out.split()[1]))
+        floors.append(since_start(FLOOR_CHILD)[0])
+        shown, ready = since_start(LAUNCH_CHILD.format(ini=ini, script=script))
+        usable.append(shown)
+        loaded.append(ready)
     floor = statistics.median(floors)
     return {
         "import_floor_s": round(floor, 2),

@@ -539,6 +539,13 @@ class GradientNormPlot(QWidget):
         columns = cache.edge_columns[keep]
         values = cache.edge_values[keep]
         steps = cache.steps[rows]
+        # Markers of several layers at one step and edge sit on the same spot: keep one per
+        # step and kind (NaN, Inf, zero), so a long run of zeros in hundreds of layers stays
+        # a few thousand points, not millions.
+        kind = np.where(np.isnan(values), 2, (values != 0).astype(np.int64))
+        _, first = np.unique(steps.astype(np.int64) * 3 + kind, return_index=True)
+        first.sort()
+        columns, steps, values = columns[first], steps[first], values[first]
         top = values != 0
         nan = np.isnan(values)
         symbols = np.where(nan, "x", np.where(top, "t1", "t")).tolist()

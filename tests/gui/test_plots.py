@@ -176,3 +176,30 @@ def test_many_layers_with_few_steps_show_dots(qtbot) -> None:
     plot.refresh(_view(names, history))
     assert plot.grouped and plot.group_dots.isVisible()
     assert len(plot.group_dots.points()) == len(names)  # one step: no line, a dot each
+
+
+def test_markers_of_many_layers_at_one_step_collapse_to_one_per_kind(qtbot) -> None:
+    from gradscope.core.history import RunHistory
+    from gradscope.core.watch import StepStats, classify
+    from gradscope.gui.plots import GradientNormPlot
+
+    layers, steps = 60, 30
+    names = [f"layer{i}" for i in range(layers)]
+    history = RunHistory()
+    zeros = np.zeros(layers, dtype=np.int64)
+    for step in range(steps):
+        norms = np.zeros(layers)  # every layer's gradient is exactly zero...
+        if step == 10:
+            norms[:5] = np.nan  # ...and five layers go NaN at step 10
+        stats = StepStats(step=step, loss=1.0, total_grad_norm=0.0, grad_norm=norms,
+                          max_abs=norms, weight_norm=np.ones(layers), nan_count=zeros,
+                          inf_count=zeros, status=classify(norms, zeros, 1000.0, 1e-7),
+                          param_grad_norm=norms)
+        history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
+    plot = GradientNormPlot()
+    qtbot.addWidget(plot)
+    plot.refresh(_view(names, history))
+    spots = plot.markers.points()
+    # one zero marker per step, plus one NaN marker at step 10 (not 60 x 30 + 5)
+    assert len(spots) == steps + 1
+    assert sum(1 for spot in spots if np.isnan(spot.data()[2])) == 1

@@ -178,7 +178,7 @@ class StepDebugger(QObject):
         window = self.window
         if event.phase == BACKWARD:
             self.flow_override = gradients_until(self.trace_events, cursor.index)
-            self.flow_title = f"Gradient flow at step {event.step}, event {cursor.index + 1}"
+            self.flow_title = f"Flow at step {event.step}, event {cursor.index + 1}"
         else:
             self.flow_override = None
         window.select(layer=event.module, step=event.step)

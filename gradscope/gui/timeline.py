@@ -131,14 +131,18 @@ class TraceTimeline(QWidget):
 
     # -- public ------------------------------------------------------------------------
     def set_events(self, events: list[TraceEvent]) -> None:
-        """Show a new traced step; the cursor starts at the first backward event."""
+        """Show a new traced step; the cursor starts at the first NaN/Inf event, or at the
+        first backward event when there is none."""
         self.events = list(events)
         self.ticks.events = self.events
         self.slider.blockSignals(True)
         self.slider.setRange(0, max(len(self.events) - 1, 0))
         self.slider.setEnabled(bool(self.events))
         self.slider.blockSignals(False)
-        start = next((i for i, e in enumerate(self.events) if e.phase == BACKWARD), 0)
+        # Start where it went wrong, else where the backward pass begins.
+        start = first_nonfinite_event(self.events)
+        if start is None:
+            start = next((i for i, e in enumerate(self.events) if e.phase == BACKWARD), 0)
         if self.events:
             if self.slider.value() == start:
                 self._on_slider_value_changed(start)

@@ -60,9 +60,14 @@ def test_timeline_jumps_to_first_nonfinite(qtbot):
     qtbot.addWidget(timeline)
     timeline.set_events(events)
     assert timeline.first_nonfinite_button.isEnabled()
+    # a step that went wrong opens at its first NaN/Inf event
+    assert events[timeline.index].nonfinite
+    first = timeline.index
+    timeline.slider.setValue(0)
     with qtbot.waitSignal(timeline.event_selected) as blocker:
         qtbot.mouseClick(timeline.first_nonfinite_button, Qt.MouseButton.LeftButton)
     cursor = blocker.args[0]
+    assert cursor.index == first
     assert cursor.event.nonfinite and cursor.event.module == "2"
     assert all(not e.nonfinite for e in events[: cursor.index])
 

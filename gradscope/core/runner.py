@@ -224,7 +224,7 @@ class StepRunner:
             self.watch.close()
         step = self.watch.step if self.watch is not None else 0
         self.watch = self._make_watch(layers)
-        self.watch._step = step
+        self.watch.step = step
         self.settings.layers = layers
 
     def apply_settings(self, settings: RunSettings) -> None:
@@ -433,7 +433,7 @@ class StepRunner:
         self.first_nonfinite = snapshot.first_nonfinite
         self.step_index = snapshot.step
         if self.watch is not None:
-            self.watch._step = snapshot.watch_step
+            self.watch.step = snapshot.watch_step
         self.optimizer.zero_grad(set_to_none=True)
         self._computed = None
         self.halted = False

@@ -259,6 +259,11 @@ class GradientWatch:
         """Index the next collected step will get."""
         return self._step
 
+    @step.setter
+    def step(self, value: int) -> None:
+        # A runner that replaces or rewinds its watch keeps the step numbering going.
+        self._step = int(value)
+
     # -- collection -------------------------------------------------------------------
     @torch.no_grad()
     def launch(self, loss: torch.Tensor | None = None) -> list[tuple[torch.Tensor, list, Any]]:

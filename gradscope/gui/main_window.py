@@ -5,7 +5,6 @@ engine measured."""
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import time
 from collections import deque
@@ -130,7 +129,6 @@ class MainWindow(QMainWindow):
         self._last_refresh = 0.0
         self._redraw_cost = 0.0
         self._paint_cpu_from: float | None = None
-        self._restart_settings: RunSettings | None = None
         self._state_restored = False
 
         self.run_thread = RunThread(self)
@@ -401,9 +399,6 @@ class MainWindow(QMainWindow):
         settings = self.settings_panel.settings()
         overrides = settings.to_dict()
         overrides["layers"] = self.tree_model.watched_layers() if self.tree_model.tree else None
-        # load_with_settings drops None overrides, so "clip off" cannot override a script's
-        # CONFIG clip there; the panel's settings are applied again once the model is built.
-        self._restart_settings = dataclasses.replace(settings, layers=overrides["layers"])
         self.open_model(self.source, overrides, self.weights, run_after_load=run_after_load)
 
     def follow_latest(self) -> None:
@@ -520,11 +515,6 @@ class MainWindow(QMainWindow):
         self._loaded_settings = payload.settings
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
         self.settings_panel.set_layers(payload.settings.layers)
-        wanted, self._restart_settings = self._restart_settings, None
-        if wanted is not None and wanted.clip != payload.settings.clip:
-            corrected = dataclasses.replace(payload.settings, clip=wanted.clip)
-            self.settings_panel.set_settings(corrected, running=payload.settings)
-            self.run_thread.queue_settings(corrected)
         self.setWindowTitle(f"GradScope — {payload.display_name}")
         self.model_label.setText(payload.display_name)
         self.device_label.setText(f"device: {payload.device}")

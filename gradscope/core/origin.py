@@ -25,7 +25,7 @@ import linecache
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -273,10 +273,6 @@ class _ModuleCheck:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-def _iter_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    yield from model.named_modules()
-
-
 def locate_first_nonfinite(
     model: nn.Module,
     compute_loss: Callable[[], torch.Tensor],
@@ -332,7 +328,7 @@ def locate_first_nonfinite(
 
         return hook
 
-    for name, module in _iter_modules(model):
+    for name, module in model.named_modules():
         handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
         handles.append(module.register_forward_hook(post_hook(name), with_kwargs=True))
 

@@ -278,15 +278,24 @@ def _versions() -> str:
     return ", ".join(parts)
 
 
+def _app_launcher() -> Any:
+    """The app's ``launch``, imported only now (Qt is heavy); None, with the reason on
+    stderr, when the app cannot start here."""
+    try:
+        from gradscope.gui.app import launch
+    except ImportError as error:
+        print(f"gradscope: error: the app cannot start: {error}", file=sys.stderr)
+        return None
+    return launch
+
+
 def app_command(argv: Sequence[str]) -> int:
     args = _app_parser().parse_args(list(argv))
     if args.version:
         print(_versions())
         return EXIT_OK
-    try:
-        from gradscope.gui.app import launch
-    except ImportError as error:
-        print(f"gradscope: error: the app cannot start: {error}", file=sys.stderr)
+    launch = _app_launcher()
+    if launch is None:
         return EXIT_BAD_INPUT
     return launch(
         model=args.model,
@@ -313,10 +322,8 @@ def open_command(argv: Sequence[str]) -> int:
     except GradScopeError as error:
         _print_error(error)
         return EXIT_BAD_INPUT
-    try:
-        from gradscope.gui.app import launch
-    except ImportError as error:
-        print(f"gradscope: error: the app cannot start: {error}", file=sys.stderr)
+    launch = _app_launcher()
+    if launch is None:
         return EXIT_BAD_INPUT
     return launch(model=None, overrides={}, screenshot=args.screenshot, recording=args.recording)
 

@@ -27,12 +27,16 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
+
+if TYPE_CHECKING:
+    from gradscope.core.watch import StepStats
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _GRADSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,7 +111,8 @@ def user_location() -> SourceLocation | None:
     return None
 
 
-def _float_tensors(tree: Any) -> list[torch.Tensor]:
+def float_tensors(tree: Any) -> list[torch.Tensor]:
+    """The floating-point tensors anywhere in ``tree`` (tuples, lists, dicts, named tuples)."""
     leaves, _ = tree_flatten(tree)
     return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
@@ -207,7 +212,7 @@ class _Tracer(TorchFunctionMode):
             before = self._inputs(args, kwargs)
             before = (before, [tensor_summary(t) for t in before])
         out = func(*args, **kwargs)
-        outputs = _float_tensors(out)
+        outputs = float_tensors(out)
         if not outputs:
             return out
         record: _OpRecord | None = None
@@ -221,7 +226,7 @@ class _Tracer(TorchFunctionMode):
         return out
 
     def _inputs(self, args: tuple, kwargs: dict[str, Any]) -> list[torch.Tensor]:
-        return [t for t in _float_tensors((args, kwargs)) if id(t) not in self.params]
+        return [t for t in float_tensors((args, kwargs)) if id(t) not in self.params]
 
     def _consider(self, func, args, kwargs, outputs, before, record) -> None:
         if before is not None:
@@ -305,7 +310,7 @@ def locate_first_nonfinite(
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
             module_stack.append(name)
             if check.first_module is None:
-                check.stack.append(_all_finite(_float_tensors((args, kwargs))))
+                check.stack.append(_all_finite(float_tensors((args, kwargs))))
             else:
                 check.stack.append(False)
 
@@ -317,11 +322,11 @@ def locate_first_nonfinite(
                 module_stack.pop()
             inputs_finite = check.stack.pop() if check.stack else False
             if check.first_module is None and inputs_finite:
-                outputs = _float_tensors(output)
+                outputs = float_tensors(output)
                 if not _all_finite(outputs):
                     check.first_module = (name, _kind(outputs))
                     check.values = {
-                        "inputs": [tensor_summary(t) for t in _float_tensors((args, kwargs))[:4]],
+                        "inputs": [tensor_summary(t) for t in float_tensors((args, kwargs))[:4]],
                         "outputs": [tensor_summary(t) for t in outputs[:4]],
                     }
                     tracer.checking = False
@@ -409,6 +414,17 @@ def _nonfinite_parameters(
     origin.details["values"] = {"weights": [tensor_summary(p) for p in bad[:4]]}
     origin.details["parameters"] = names
     return origin
+
+
+def origin_from_statistics(stats: StepStats, details: dict[str, Any] | None = None) -> Origin:
+    """What a step's statistics alone say when no re-run pinned the NaN/Inf down: the loss
+    phase when the loss is non-finite, otherwise the backward pass, module unknown."""
+    nan = (stats.loss is not None and math.isnan(stats.loss)) or bool(np.sum(stats.nan_count))
+    kind = "nan" if nan else "inf"
+    details = {"reproduced": False, **(details or {})}
+    if stats.loss_nonfinite:
+        return Origin(stats.step, "loss", None, "loss", kind, details=details)
+    return Origin(stats.step, "backward", None, "grad", kind, details=details)
 
 
 def _inside(record_module: str | None, module: str | None) -> bool:

@@ -98,7 +98,7 @@ from gradscope.core.history import (
     status_onsets,
 )
 from gradscope.core.module_tree import ModuleTree, build_module_tree
-from gradscope.core.origin import Origin, locate_first_nonfinite
+from gradscope.core.origin import Origin, locate_first_nonfinite, origin_from_statistics
 from gradscope.core.watch import (
     STATUS_NAMES,
     STATUS_NONFINITE,
@@ -932,28 +932,22 @@ class RecordingWatch(GradientWatch):
                 found = locate_first_nonfinite(self.model, locate, stats.step)
             if found is not None:
                 return found
-        kind = (
-            "nan"
-            if (stats.loss is not None and math.isnan(stats.loss)) or int(np.sum(stats.nan_count))
-            else "inf"
-        )
         hint = (
             "found from the statistics alone; pass locate=<a function recomputing the loss "
             "from the same batch> to collect() to find the operation and line"
         )
-        details: dict[str, Any] = {"reproduced": False, "hint": hint}
-        if stats.loss_nonfinite:
-            return Origin(stats.step, "loss", None, "loss", kind, details=details)
-        bad = [
-            layer.name
-            for layer, status in zip(self.layers, stats.status.tolist(), strict=True)
-            if status == STATUS_NONFINITE
-        ]
-        details["nonfinite_layers"] = bad
-        # Gradients flow from the last layer to the first: the last one registered is
-        # the likeliest to have gone non-finite first.
-        module = bad[-1] if bad else None
-        return Origin(stats.step, "backward", module, "grad", kind, details=details)
+        origin = origin_from_statistics(stats, {"hint": hint})
+        if origin.phase == "backward":
+            bad = [
+                layer.name
+                for layer, status in zip(self.layers, stats.status.tolist(), strict=True)
+                if status == STATUS_NONFINITE
+            ]
+            origin.details["nonfinite_layers"] = bad
+            # Gradients flow from the last layer to the first: the last one registered is
+            # the likeliest to have gone non-finite first.
+            origin.module = bad[-1] if bad else None
+        return origin
 
     def close(self) -> None:
         atexit.unregister(self._exit_hook)

@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from gradscope.core.errors import BatchMismatchError, GradScopeError, ModelScriptError
 from gradscope.core.loading import LoadedModel, user_traceback
 from gradscope.core.module_tree import ModuleTree, build_module_tree
-from gradscope.core.origin import Origin, locate_first_nonfinite
+from gradscope.core.origin import Origin, locate_first_nonfinite, origin_from_statistics
 from gradscope.core.settings import RunSettings
 from gradscope.core.trace import TraceEvent, trace_step
 from gradscope.core.watch import GradientWatch, StepStats
@@ -457,14 +456,7 @@ class StepRunner:
                 origin.details["hint"] = hint_for(origin)
             return origin
         # The re-run stayed finite (a non-deterministic kernel?): say what is known.
-        kind = (
-            "nan"
-            if (stats.loss is not None and math.isnan(stats.loss)) or int(np.sum(stats.nan_count))
-            else "inf"
-        )
-        if stats.loss_nonfinite:
-            return Origin(step, "loss", None, "loss", kind, details={"reproduced": False})
-        return Origin(step, "backward", None, "grad", kind, details={"reproduced": False})
+        return origin_from_statistics(stats)
 
     def run(self, steps: int | None = None) -> Iterator[StepResult]:
         """Up to ``steps`` (default: the settings') steps; stops early when halted."""

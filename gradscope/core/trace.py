@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+
+from gradscope.core.origin import float_tensors
 
 FORWARD, BACKWARD = "forward", "backward"
 
@@ -49,11 +50,6 @@ class TraceEvent:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _float_tensors(value: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(value)
-    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 def _norm(tensor: torch.Tensor) -> torch.Tensor:
@@ -111,7 +107,7 @@ class StepTrace:
 
     def _forward_hook(self, name: str):
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            outputs = _float_tensors(output)
+            outputs = float_tensors(output)
             pending = self._next(FORWARD, name)
             if outputs:
                 norms = torch.stack([_norm(t) for t in outputs])
@@ -126,7 +122,7 @@ class StepTrace:
             grad_outputs = [t for t in outputs if t.requires_grad]
             if grad_outputs:
                 self._watch(grad_outputs[0], name, self._output_of)
-            for tensor in _float_tensors(args):
+            for tensor in float_tensors(args):
                 if tensor.requires_grad:
                     self._watch(tensor, name, self._input_of)
 

@@ -44,6 +44,7 @@ from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.gui.dialogs import ErrorDialog, TorchvisionDialog, show_about
 from gradscope.gui.events_panel import EventsPanel
+from gradscope.gui.garbage_collection import collect_on_gui_thread
 from gradscope.gui.module_tree_model import (
     GRAD_NORM,
     NAME,
@@ -131,6 +132,9 @@ class MainWindow(QMainWindow):
         self._paint_cpu_from: float | None = None
         self._state_restored = False
 
+        # Before the run thread exists: garbage (Qt objects in cycles among it) is collected
+        # on this thread only, never in the run thread (a freeze; see garbage_collection).
+        self.garbage_collector = collect_on_gui_thread()
         self.run_thread = RunThread(self)
         # However the app ends, the run thread is joined before Qt tears down.
         app = QApplication.instance()

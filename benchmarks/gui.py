@@ -24,6 +24,7 @@ Writes ``benchmarks/results/gui.json``.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -148,16 +149,25 @@ def headless_rate(script: str, seconds: float = 4.0, defaults: dict | None = Non
     from gradscope.core.loading import load_with_settings
     from gradscope.core.runner import StepRunner
 
-    loaded, settings = load_with_settings(script, {}, defaults=defaults or {})
-    runner = StepRunner(loaded, settings)
-    for _ in range(20):
-        runner.step()
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        runner.step()
-        done += 1
-    rate = done / (time.perf_counter() - started)
-    runner.close()
+    # Headless means Python's own garbage collection, as in `gradscope run`; the window has
+    # turned automatic collection off (it collects on the GUI thread's event loop, which
+    # does not run here), so turn it back on meanwhile.
+    collecting = gc.isenabled()
+    gc.enable()
+    try:
+        loaded, settings = load_with_settings(script, {}, defaults=defaults or {})
+        runner = StepRunner(loaded, settings)
+        for _ in range(20):
+            runner.step()
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            runner.step()
+            done += 1
+        rate = done / (time.perf_counter() - started)
+        runner.close()
+    finally:
+        if not collecting:
+            gc.disable()
     return rate
 
 

@@ -6,7 +6,6 @@ at a NaN/Inf, which then shows on screen), saves a picture of the whole window a
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 from pathlib import Path
@@ -76,8 +75,7 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     window.show()
     # Everything made so far (torch, Qt, the window) lives as long as the app: move it out of
     # the garbage collector's way, so full collections (100+ ms here) do not stall the GUI.
-    gc.collect()
-    gc.freeze()
+    window.garbage_collector.settle()
     source = None if recording else (model or default_model(preferences))
     exit_code = {"value": 0}
 

@@ -14,6 +14,13 @@ collection off and collect from a timer on the GUI thread, by the same per-gener
 thresholds CPython uses. Collections of the oldest generation are spaced out
 (``FULL_COLLECTION_SECONDS``) so a fast run does not stall the event loop with them.
 Reference counting still frees everything that is not in a cycle at once, on any thread.
+
+With collection deferred to a timer, the first collection after a model load would traverse
+everything the load created (torch imports its compiler stack on the first optimizer, about a
+million objects): a 150 ms stall in the middle of the run. :meth:`GuiThreadCollector.settle`
+does that work when it is expected instead, at start-up and when a model has loaded: one full
+collection, then ``gc.freeze()`` moves every survivor out of later collections' way. It
+unfreezes first, so a model that was alive at the last settle and is garbage now is freed.
 """
 
 from __future__ import annotations
@@ -46,6 +53,16 @@ class GuiThreadCollector(QObject):
         if gc.isenabled():  # something turned it back on: the run thread may collect again
             gc.disable()
         self.collect_due()
+
+    def settle(self) -> float:
+        """Collect everything, then exempt the survivors from later collections (see the
+        module docstring); returns the seconds it took."""
+        started = time.perf_counter()
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        self._last_full = time.monotonic()
+        return time.perf_counter() - started
 
     def collect_due(self) -> int | None:
         """Collect the oldest generation whose threshold is passed; returns the generation

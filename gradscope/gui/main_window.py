@@ -527,6 +527,9 @@ class MainWindow(QMainWindow):
         self._set_state("ready")
         self._dirty = True
         self._refresh()
+        # What the load created (the model, torch's lazily imported modules) is long-lived:
+        # collect and set it aside now, not in a stall in the middle of the run.
+        self.garbage_collector.settle()
         self.model_loaded.emit(payload)
         if self._run_after_load:
             self._run_after_load = False

@@ -82,3 +82,25 @@ def test_the_collector_takes_automatic_collection_back(qtbot, window) -> None:
     assert collect_on_gui_thread() is collector  # one per application
     gc.enable()  # e.g. a user's script turns it back on
     qtbot.waitUntil(lambda: not gc.isenabled(), timeout=2000)
+
+
+def test_settle_sets_survivors_aside_and_frees_them_once_they_are_garbage(qtbot, window) -> None:
+    collector = window.garbage_collector
+    destroyed: list[bool] = []
+    holder = QObject()
+    holder.cycle = holder
+    holder.destroyed.connect(lambda: destroyed.append(True), Qt.ConnectionType.DirectConnection)
+    collector.settle()  # alive now: set aside (frozen)
+    assert gc.get_freeze_count() > 0
+    del holder
+    gc.collect()  # collections skip what settle set aside...
+    assert not destroyed
+    collector.settle()  # ...and the next settle looks at it again
+    assert destroyed == [True]
+
+
+def test_a_model_load_settles_the_heap(qtbot, window, scripts) -> None:
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    open_and_wait(qtbot, window, scripts["tiny"])
+    assert gc.get_freeze_count() > 0

@@ -265,19 +265,21 @@ class _LogNormCache:
 class _PeakCache:
     """Per-layer minimum and maximum of each block of ``per_block`` steps (peak
     downsampling; NaN wins a block so that a gap never closes), for all complete blocks,
-    extended as steps arrive."""
+    extended as steps arrive. With a ``finer`` level (half the block size) that is up to
+    date, blocks are made from pairs of its blocks instead of from the steps: reading a
+    fraction of the data."""
 
-    def __init__(self) -> None:
-        self.per_block = 0
+    def __init__(self, per_block: int) -> None:
+        self.per_block = per_block
         self.resets = -1
         self.blocks = 0
         self.low = np.zeros((0, 0), dtype=np.float32)
         self.high = np.zeros((0, 0), dtype=np.float32)
 
-    def update(self, cache: _LogNormCache, per_block: int) -> None:
-        if (per_block != self.per_block or cache.resets != self.resets
-                or self.low.shape[0] < cache.columns):
-            self.per_block, self.resets, self.blocks = per_block, cache.resets, 0
+    def update(self, cache: _LogNormCache, finer: _PeakCache | None = None) -> None:
+        per_block = self.per_block
+        if cache.resets != self.resets or self.low.shape[0] < cache.columns:
+            self.resets, self.blocks = cache.resets, 0
             self.low = np.zeros((cache.columns, 0), dtype=np.float32)
             self.high = self.low
         complete = cache.rows // per_block
@@ -289,11 +291,43 @@ class _PeakCache:
                 grown = np.empty((cache.columns, capacity), dtype=np.float32)
                 grown[:, : self.blocks] = getattr(self, name)[: cache.columns, : self.blocks]
                 setattr(self, name, grown)
-        segment = cache.values[: cache.columns, self.blocks * per_block: complete * per_block]
-        segment = segment.reshape(cache.columns, complete - self.blocks, per_block)
-        self.low[:, self.blocks: complete] = segment.min(axis=2)
-        self.high[:, self.blocks: complete] = segment.max(axis=2)
+        columns, start = cache.columns, self.blocks
+        if (finer is not None and finer.per_block * 2 == per_block
+                and finer.resets == cache.resets and finer.blocks >= 2 * complete
+                and finer.low.shape[0] >= columns):
+            pairs = slice(2 * start, 2 * complete)
+            for name, reduce in (("low", np.minimum), ("high", np.maximum)):
+                halves = getattr(finer, name)[:columns, pairs]
+                getattr(self, name)[:, start:complete] = reduce(halves[:, 0::2], halves[:, 1::2])
+        else:
+            segment = cache.values[:columns, start * per_block: complete * per_block]
+            segment = segment.reshape(columns, complete - start, per_block)
+            self.low[:, start:complete] = segment.min(axis=2)
+            self.high[:, start:complete] = segment.max(axis=2)
         self.blocks = complete
+
+
+class _PeakLevels:
+    """Peak caches at power-of-two block sizes, kept as the user zooms: going back to a
+    zoom level costs nothing, and a coarser level is made from a finer one."""
+
+    def __init__(self) -> None:
+        self.levels: dict[int, _PeakCache] = {}
+
+    @staticmethod
+    def block_size(steps_per_pixel: float) -> int:
+        """The power of two at or above ``steps_per_pixel`` (at most two points a pixel)."""
+        return 1 << max(0, math.ceil(math.log2(max(steps_per_pixel, 1.0))))
+
+    def level(self, cache: _LogNormCache, per_block: int) -> _PeakCache:
+        level = self.levels.get(per_block)
+        if level is None:
+            level = self.levels[per_block] = _PeakCache(per_block)
+        finer = self.levels.get(per_block // 2)
+        if finer is not None:
+            finer.update(cache, self.levels.get(per_block // 4))
+        level.update(cache, finer)
+        return level
 
 
 class GradientNormPlot(QWidget):
@@ -328,7 +362,7 @@ class GradientNormPlot(QWidget):
         self.group_dots.setVisible(False)
         self.grouped = False
         self.cache = _LogNormCache()
-        self._peaks = _PeakCache()
+        self._peaks = _PeakLevels()
         self._history: RunHistory | None = None
         self._columns = np.zeros(0, dtype=np.intp)  # history columns of the ticked layers
         self._names: list[str] = []  # layer name of each history column
@@ -463,7 +497,7 @@ class GradientNormPlot(QWidget):
         steps = cache.steps[:rows]
         first = max(0, int(np.searchsorted(steps, x0, side="left")) - 1)
         last = min(rows, int(np.searchsorted(steps, x1, side="right")) + 1)
-        per_block = max(1, int((last - first) / max(vb.width(), 1.0)))
+        per_block = _PeakLevels.block_size((last - first) / max(vb.width(), 1.0))
         key = (cache.generation, self._columns.tobytes(), first, last, per_block)
         if key == self._group_key:
             return
@@ -473,8 +507,7 @@ class GradientNormPlot(QWidget):
             x = steps[first:last]
             y = cache.values[columns, first:last]
         else:
-            peaks = self._peaks
-            peaks.update(cache, per_block)
+            peaks = self._peaks.level(cache, per_block)
             start = first // per_block
             stop = min(peaks.blocks, -(-last // per_block))
             low = peaks.low[columns, start:stop]
@@ -505,7 +538,7 @@ class GradientNormPlot(QWidget):
             if curve is None:
                 # PlotCurveItem, not PlotDataItem: the clipping and downsampling are done
                 # here, and its setData costs a third.
-                curve = pg.PlotCurveItem(pen=pg.mkPen(colors[rgba], width=1))
+                curve = pg.PlotCurveItem(pen=pg.mkPen(colors[rgba], width=1), antialias=False)
                 self.item.vb.addItem(curve)
                 self.group_curves[rgba] = curve
             values = y[positions]

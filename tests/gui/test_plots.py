@@ -96,6 +96,29 @@ def test_log_cache_grows_with_new_steps_and_starts_over_after_a_rewind() -> None
     assert np.array_equal(cache.values[:5, : cache.rows], full, equal_nan=True)
 
 
+def test_peak_levels_made_from_finer_levels_equal_peaks_of_the_steps() -> None:
+    from gradscope.gui.plots import _LogNormCache, _PeakLevels
+
+    _names, history, append = _history(6, 300)
+    cache = _LogNormCache()
+    cache.update(history)
+    levels = _PeakLevels()
+    assert levels.block_size(0.3) == 1 and levels.block_size(5) == 8
+    levels.level(cache, 2)  # a zoom in first; the coarser levels then come from it
+    append(133)  # steps arrive; every level follows
+    cache.update(history)
+    for per_block in (4, 8, 16, 2):
+        level = levels.level(cache, per_block)
+        complete = cache.rows // per_block
+        assert level.blocks == complete
+        blocks = cache.values[:6, : complete * per_block].reshape(6, complete, per_block)
+        for name, expected in (("low", blocks.min(axis=2)), ("high", blocks.max(axis=2))):
+            got = getattr(level, name)[:6, :complete]
+            # NaN wins a block (a gap never closes), whichever way the level was made.
+            assert np.array_equal(got, expected, equal_nan=True), (per_block, name)
+    assert np.isnan(levels.levels[16].low[:6, : cache.rows // 16]).any()
+
+
 def test_many_layers_share_one_curve_per_colour_with_gaps_and_markers(qtbot) -> None:
     from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
 

@@ -1,4 +1,4 @@
-"""Watch overhead: a full training step (forward, backward, optimizer) in four variants.
+"""Watch overhead: a full training step (forward, backward, optimizer) in five variants.
 
     .venv/bin/python benchmarks/overhead.py
 
@@ -10,7 +10,14 @@ process so that machine drift (thermal, other load) hits them alike:
   and ``watch.collect(loss)`` after each backward;
 - ``seed_hook``: the seed's approach, a ``Tensor.register_hook`` on every parameter calling
   ``torch.isnan(grad).any()``, ``torch.isinf(grad).any()`` and ``grad.norm().item()``;
-- ``detect_anomaly``: forward and backward under ``torch.autograd.detect_anomaly()``.
+- ``detect_anomaly``: forward and backward under ``torch.autograd.detect_anomaly()``;
+- ``reads_only``: not a tool but a yardstick: the tensor reads the required statistics
+  need, by plain torch calls and with no GradScope code: one ``torch._foreach_norm`` over
+  every gradient and weight (L2 and weight norms), one ``aminmax`` per gradient (max |g|),
+  one ``torch.stack`` and one host transfer. Its distance to ``plain`` is what reading every
+  gradient twice and every weight once costs on this machine; GradScope's distance to it is
+  its own bookkeeping, less what its device-specific choices save (on a CPU, BLAS dot
+  products for large tensors).
 
 Each round runs every variant for a block of steps (after one untimed warm-up step) in a
 fresh random order; the block's median step time divided by plain's in the same round is
@@ -54,7 +61,7 @@ if str(ROOT) not in sys.path:
 
 import gradscope  # noqa: E402
 
-VARIANTS = ("plain", "gradscope", "seed_hook", "detect_anomaly")
+VARIANTS = ("plain", "gradscope", "seed_hook", "detect_anomaly", "reads_only")
 
 
 # -- models ---------------------------------------------------------------------------
@@ -180,6 +187,15 @@ class SeedHook:
         self.handles.clear()
 
 
+def _reads_only(params: list[torch.Tensor], loss: torch.Tensor) -> list[float]:
+    grads = [p.grad for p in params if p.grad is not None]
+    figures = list(torch._foreach_norm(grads + params, 2))
+    for g in grads:
+        figures += torch.aminmax(g)
+    figures.append(loss.detach())
+    return torch.stack(figures).tolist()
+
+
 def _watch_collect(watch, loss: torch.Tensor, cuda: bool):
     if not cuda:
         return watch.collect(loss)
@@ -198,6 +214,7 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     watch = gradscope.watch(model)
+    params = [p for p in model.parameters() if p.requires_grad]
     seed = SeedHook(model)
     cuda = device.type == "cuda"
 
@@ -215,6 +232,8 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
             loss.backward()
             if variant == "gradscope":
                 _watch_collect(watch, loss, cuda)
+            elif variant == "reads_only":
+                _reads_only(params, loss)
         optimizer.step()
         if cuda:
             torch.cuda.synchronize()

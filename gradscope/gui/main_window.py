@@ -626,6 +626,9 @@ class MainWindow(QMainWindow):
         # the event loop (menus, zoom, the tree) always has most of the time, and, while a
         # run goes on, the run thread too: both need the GIL, and each millisecond the GUI
         # thread holds it is one the training loop waits.
+        # The paint of the last redraw has happened by now (it comes before this tick):
+        # the run thread may step again.
+        self.run_thread.worker.gui_idle.set()
         if self._paint_cpu_from is not None:
             self._redraw_cost += time.thread_time() - self._paint_cpu_from
             self._paint_cpu_from = None
@@ -634,6 +637,10 @@ class MainWindow(QMainWindow):
                                                           self._redraw_cost / share)
         if self._dirty and time.perf_counter() >= self._next_refresh:
             started, cpu_started = time.perf_counter(), time.thread_time()
+            if self.state == "running":
+                # The run thread waits before its next step until the next tick, after the
+                # paint: the redraw gets the GIL and a core to itself.
+                self.run_thread.worker.gui_idle.clear()
             self._refresh()
             cost = time.thread_time() - cpu_started
             self._last_refresh, self._redraw_cost = started, cost

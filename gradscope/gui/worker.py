@@ -20,6 +20,8 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 # Seconds between two batches of step results sent to the GUI while steps are fast: the
 # plots redraw at 30 Hz at most, so more batches would only wake the GUI thread more often.
 _EMIT_INTERVAL = 1 / 30
+# How long a step waits at most for the GUI thread to finish a redraw (see ``gui_idle``).
+_GUI_WAIT_LIMIT = 0.2
 
 # Settings fixed for a run: changing them needs a restart (a new model).
 RESTART_SETTINGS = ("device", "seed", "image_size")
@@ -125,6 +127,11 @@ class RunWorker(QObject):
         self._pending_settings: Any = None
         self.stop_requested = False
         self.pause_requested = False
+        # Cleared by the GUI thread while it redraws the plots during a run: the next step
+        # waits for it (at most _GUI_WAIT_LIMIT), so that the redraw has the GIL and a core
+        # to itself instead of sharing them with a training loop of small steps.
+        self.gui_idle = threading.Event()
+        self.gui_idle.set()
         self._layer_layout: tuple[Any, tuple, tuple, tuple] = (None, (), (), ())
 
     # -- called from the GUI thread ------------------------------------------------------
@@ -209,6 +216,8 @@ class RunWorker(QObject):
             if not self._apply_pending_settings():
                 reason = "failed"
                 break
+            if not self.gui_idle.is_set():
+                self.gui_idle.wait(_GUI_WAIT_LIMIT)
             try:
                 if self.pause_before_apply:
                     result = runner.compute()

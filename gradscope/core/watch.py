@@ -13,8 +13,8 @@ On CUDA these are three fused ``_foreach_norm`` launches per group. On CPU, wher
 ``_foreach_norm`` is a loop of single-threaded norms and its ord=inf is about 7x slower still,
 each gradient gets a BLAS dot product (sum of squares) and, while it is still in cache, one
 ``aminmax``; weights get dot products. On a CPU those reads are memory-bound and cost what
-they cost: about 7% of a resnet18 step and 20-30% of a 20-layer MLP step on 2 cores (see
-``benchmarks/overhead.py``).
+they cost: about 10% of a resnet18 step and 25-30% of a 20-layer MLP step on 2 cores, close to
+what the same reads cost by plain torch calls (see ``benchmarks/overhead.py``, ``reads_only``).
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 CPython runs a collection in whichever thread happens to allocate past the threshold. In
 GradScope that is usually the run thread, which allocates heavily (the user's model, origin
 localisation). Any Qt object caught in a reference cycle (pyqtgraph items, closed dialogs, a
-replaced plot) is then destroyed there, on the wrong thread. Its C++ destructor waits for
-Qt locks that the GUI thread holds while it waits for the GIL, which the collecting thread
-holds: the app freezes. This was seen for real: CI hung in a GUI test, and forcing collections
-in the run thread reproduces it within a few runs (the run thread in ``gc.collect`` and the GUI
-thread painting a pyqtgraph item, both stuck).
+replaced plot) is then destroyed there, on the wrong thread, which Qt does not allow; most
+likely its C++ destructor waits for something the GUI thread holds while that thread waits
+for the GIL, which the collecting thread holds: the app freezes. This was seen for real: CI
+hung in a GUI test, and forcing collections in the run thread reproduces it within a few runs
+(the run thread in ``gc.collect`` and the GUI thread painting a pyqtgraph item, both stuck).
 
 The fix is the one pyqtgraph documents (``pyqtgraph.util.garbage_collector``): turn automatic
 collection off and collect from a timer on the GUI thread, by the same per-generation
@@ -15,12 +15,13 @@ thresholds CPython uses. Collections of the oldest generation are spaced out
 (``FULL_COLLECTION_SECONDS``) so a fast run does not stall the event loop with them.
 Reference counting still frees everything that is not in a cycle at once, on any thread.
 
-With collection deferred to a timer, the first collection after a model load would traverse
-everything the load created (torch imports its compiler stack on the first optimizer, about a
-million objects): a 150 ms stall in the middle of the run. :meth:`GuiThreadCollector.settle`
-does that work when it is expected instead, at start-up and when a model has loaded: one full
-collection, then ``gc.freeze()`` moves every survivor out of later collections' way. It
-unfreezes first, so a model that was alive at the last settle and is garbage now is freed.
+A model load creates many long-lived objects (the model, the modules torch imports on first
+use, such as its compiler stack for the first optimizer); collections during the run would
+traverse them again and again, and a full one takes 100-250 ms here.
+:meth:`GuiThreadCollector.settle` does that work once, when a pause is expected (start-up, a
+model has loaded): one full collection, then ``gc.freeze()`` moves every survivor out of later
+collections' way. It unfreezes first, so a model that was alive at the last settle and is
+garbage now is freed.
 """
 
 from __future__ import annotations

@@ -621,20 +621,13 @@ class MainWindow(QMainWindow):
             self.tree_view.expandAll()
 
     def _on_refresh_timer_timeout(self) -> None:
-        # A redraw costs its refresh and the paint that follows it (measured as this
-        # thread's CPU time until the next tick). Costly redraws come less often, so that
-        # the event loop (menus, zoom, the tree) always has most of the time, and, while a
-        # run goes on, the run thread too: both need the GIL, and each millisecond the GUI
-        # thread holds it is one the training loop waits.
         # The paint of the last redraw has happened by now (it comes before this tick):
         # the run thread may step again.
         self.run_thread.worker.gui_idle.set()
         if self._paint_cpu_from is not None:
             self._redraw_cost += time.thread_time() - self._paint_cpu_from
             self._paint_cpu_from = None
-            share = RUNNING_REDRAW_SHARE if self.state == "running" else IDLE_REDRAW_SHARE
-            self._next_refresh = self._last_refresh + max(REFRESH_INTERVAL_MS / 1000,
-                                                          self._redraw_cost / share)
+            self._schedule_next_refresh()
         if self._dirty and time.perf_counter() >= self._next_refresh:
             started, cpu_started = time.perf_counter(), time.thread_time()
             if self.state == "running":
@@ -642,11 +635,20 @@ class MainWindow(QMainWindow):
                 # paint: the redraw gets the GIL and a core to itself.
                 self.run_thread.worker.gui_idle.clear()
             self._refresh()
-            cost = time.thread_time() - cpu_started
-            self._last_refresh, self._redraw_cost = started, cost
+            self._last_refresh = started
+            self._redraw_cost = time.thread_time() - cpu_started
             self._paint_cpu_from = time.thread_time()
-            share = RUNNING_REDRAW_SHARE if self.state == "running" else IDLE_REDRAW_SHARE
-            self._next_refresh = started + max(REFRESH_INTERVAL_MS / 1000, cost / share)
+            self._schedule_next_refresh()
+
+    def _schedule_next_refresh(self) -> None:
+        # A redraw costs its refresh and the paint that follows it (measured as this
+        # thread's CPU time until the next tick). Costly redraws come less often, so that
+        # the event loop (menus, zoom, the tree) always has most of the time, and, while a
+        # run goes on, the run thread too: both need the GIL, and each millisecond the GUI
+        # thread holds it is one the training loop waits.
+        share = RUNNING_REDRAW_SHARE if self.state == "running" else IDLE_REDRAW_SHARE
+        self._next_refresh = self._last_refresh + max(REFRESH_INTERVAL_MS / 1000,
+                                                      self._redraw_cost / share)
 
     def _on_open_action_triggered(self) -> None:
         start = str(Path(self.source).parent) if self.source and self.source.endswith(".py") \

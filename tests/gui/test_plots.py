@@ -75,6 +75,14 @@ def _view(names, history, visible=None, selected=None):
                     colors={name: layer_color(i) for i, name in enumerate(names)})
 
 
+def _shown_plot(qtbot, plot_class):
+    plot = plot_class()
+    qtbot.addWidget(plot)
+    plot.resize(600, 400)
+    plot.show()
+    return plot
+
+
 def test_log_cache_grows_with_new_steps_and_starts_over_after_a_rewind() -> None:
     from gradscope.gui.plots import _LogNormCache
 
@@ -123,10 +131,7 @@ def test_many_layers_share_one_curve_per_colour_with_gaps_and_markers(qtbot) -> 
     from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
 
     names, history, append = _history(_GROUPED_ABOVE + 20, 300)
-    plot = GradientNormPlot()
-    qtbot.addWidget(plot)
-    plot.resize(600, 400)
-    plot.show()
+    plot = _shown_plot(qtbot, GradientNormPlot)
     plot.item.setXRange(0, 299, padding=0)
     plot.refresh(_view(names, history, selected="layer3"))
     assert plot.grouped and len(plot.group_curves) < len(names)
@@ -191,10 +196,7 @@ def test_many_layers_with_few_steps_show_dots(qtbot) -> None:
     from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
 
     names, history, _append = _history(_GROUPED_ABOVE + 5, 1)
-    plot = GradientNormPlot()
-    qtbot.addWidget(plot)
-    plot.resize(600, 400)
-    plot.show()
+    plot = _shown_plot(qtbot, GradientNormPlot)
     plot.item.setXRange(-1, 1, padding=0)
     plot.refresh(_view(names, history))
     assert plot.grouped and plot.group_dots.isVisible()

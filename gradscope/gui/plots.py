@@ -17,10 +17,11 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
-from PySide6.QtWidgets import QGraphicsItem, QSplitter, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
 from gradscope.core.watch import classify
+from gradscope.gui.plot_axes import GridAxis, LayerAxis, elide
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     NONFINITE_MARKER_COLOR,
@@ -148,47 +149,18 @@ def _status_brush(status: int) -> QBrush:
     return brush
 
 
-def _elide(name: str, limit: int = 26) -> str:
-    name = name or "(model)"
-    return name if len(name) <= limit else "…" + name[-(limit - 1):]
-
-
-class LayerAxis(pg.AxisItem):
-    """Layer names at integer positions, thinned so that labels never overlap."""
-
-    def __init__(self, orientation: str = "left") -> None:
-        super().__init__(orientation)
-        self.names: list[str] = []
-        self.setStyle(tickFont=QFont("", 8))
-
-    def tickValues(self, minVal: float, maxVal: float, size: float) -> list:
-        if not self.names:
-            return []
-        low = max(0, math.ceil(min(minVal, maxVal)))
-        high = min(len(self.names) - 1, math.floor(max(minVal, maxVal)))
-        if high < low:
-            return []
-        visible = high - low + 1
-        step = max(1, math.ceil(visible * 15 / max(size, 1)))
-        return [(float(step), list(range(low, high + 1, step)))]
-
-    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
-        out = []
-        for value in values:
-            i = round(value)
-            out.append(_elide(self.names[i]) if 0 <= i < len(self.names) else "")
-        return out
-
-
-def _plot_widget(title: str) -> pg.PlotWidget:
-    widget = pg.PlotWidget()
+def _plot_widget(
+    title: str, grid_x: bool = True, grid_y: bool = True, left: GridAxis | None = None
+) -> pg.PlotWidget:
+    axes = {"left": left or GridAxis("left"), "bottom": GridAxis("bottom")}
+    widget = pg.PlotWidget(axisItems=axes)
     widget.setTitle(title, size="10pt")
     item = widget.getPlotItem()
-    item.showGrid(x=True, y=True, alpha=0.15)
-    item.setMenuEnabled(True)
+    item.showGrid(x=grid_x, y=grid_y, alpha=0.15)
     item.hideButtons()
-    for name in ("left", "bottom"):
-        item.getAxis(name).enableAutoSIPrefix(False)
+    for axis in axes.values():
+        axis.enableAutoSIPrefix(False)
+        axis.place_behind_data()
     widget.setMinimumSize(200, 150)
     return widget
 
@@ -537,8 +509,11 @@ class GradientNormPlot(QWidget):
             curve = self.group_curves.get(rgba)
             if curve is None:
                 # PlotCurveItem, not PlotDataItem: the clipping and downsampling are done
-                # here, and its setData costs a third.
+                # here, and its setData costs a third. Drawn as separate segments (opaque,
+                # not antialiased: the joins do not show), which Qt strokes faster than one
+                # path of ~10^4 points per colour.
                 curve = pg.PlotCurveItem(pen=pg.mkPen(colors[rgba], width=1), antialias=False)
+                curve.setSegmentedLineMode("on")
                 self.item.vb.addItem(curve)
                 self.group_curves[rgba] = curve
             values = y[positions]
@@ -602,7 +577,7 @@ class GradientNormPlot(QWidget):
             if name == _EDGE_LEGEND:
                 self.legend.addItem(self.markers, "NaN/Inf (top edge), 0 (bottom)")
             else:
-                self.legend.addItem(self._layer_curve(name), _elide(name, 30))
+                self.legend.addItem(self._layer_curve(name), elide(name, 30))
         self._legend_names = shown
         self.legend.setVisible(bool(shown))
 
@@ -805,19 +780,16 @@ class HeatmapPlot(QWidget):
         self._colored_rows = 0
         self._shown = np.zeros((0, 0), dtype=np.float32)
         self._rgba = np.zeros((0, 0, 4), dtype=np.uint8)
-        self.widget = pg.PlotWidget()
-        self.widget.setTitle("log10 gradient norm, layers × steps (red: NaN/Inf)", size="10pt")
-        self.widget.setMinimumSize(200, 150)
+        self.widget = _plot_widget("log10 gradient norm, layers × steps (red: NaN/Inf)",
+                                   grid_x=False, grid_y=False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.widget)
         self.item = self.widget.getPlotItem()
-        self.item.hideButtons()
         self.item.setLabel("bottom", "step")
         self.item.setLabel("left", "layer (forward order)")
         self.item.getAxis("left").setStyle(showValues=False)
         self.item.getAxis("left").setWidth(_LEFT_AXIS_WIDTH)
-        self.item.getAxis("bottom").enableAutoSIPrefix(False)
         self.item.vb.invertY(True)
         self.image = pg.ImageItem(axisOrder="col-major")
         self.item.addItem(self.image)
@@ -958,12 +930,7 @@ class GradientFlowPlot(QWidget):
     def __init__(self) -> None:
         super().__init__()
         self.axis = LayerAxis("left")
-        self.widget = pg.PlotWidget(axisItems={"left": self.axis})
-        self.widget.setTitle("Gradient flow", size="10pt")
-        self.widget.setMinimumSize(200, 150)
-        self.widget.getPlotItem().showGrid(x=True, y=False, alpha=0.15)
-        self.widget.getPlotItem().hideButtons()
-        self.widget.getPlotItem().getAxis("bottom").enableAutoSIPrefix(False)
+        self.widget = _plot_widget("Gradient flow", grid_y=False, left=self.axis)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.widget)
@@ -1132,13 +1099,6 @@ class PlotPanel(QWidget):
         for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
             plot.selection_made.connect(self.selection_made)
             plot.item.vb.sigRangeChangedManually.connect(self._on_view_range_changed_manually)
-        # The axes (with their grid lines, across the whole plot) are drawn into a pixmap
-        # kept until their range changes: a new curve point repaints the area behind it,
-        # which would otherwise replay every tick label and grid line, each refresh.
-        for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
-            for name in ("left", "bottom", "right", "top"):
-                plot.item.getAxis(name).setCacheMode(
-                    QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self._last_view: PlotView | None = None
         # Linked views turn each other's auto-range off, so the shared step axis and layer
         # rows are ranged here, until the user zooms or pans (View > Reset plot zoom).

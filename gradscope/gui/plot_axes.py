@@ -1,0 +1,90 @@
+"""The plots' axes: grid lines drawn opaque and behind the data, and the layer-name axis.
+
+pyqtgraph draws a grid as part of each axis, in the tick pen's colour at the grid's alpha
+(fading further for a log axis's minor ticks), above the data. Qt's raster engine draws
+semi-transparent lines without antialiasing about 25 times slower than opaque ones: the 150
+grid lines of a log axis spanning 13 decades took 25 ms, a third of a zoom. ``GridAxis``
+draws the same lines in the opaque colour they have over the plot background, and sits
+behind the data (so an opaque line never hides a curve; grid under data is also the usual
+look). Each axis is drawn into a pixmap kept until its range or size changes: a new curve
+point repaints the area behind it, which would otherwise replay every tick label and grid
+line at each refresh.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyqtgraph as pg
+from PySide6.QtGui import QColor, QFont, QPen
+from PySide6.QtWidgets import QGraphicsItem
+
+# Below the ViewBox (z -100 in its PlotItem), so the grid is under the data.
+_BEHIND_DATA_Z = -150
+
+
+def elide(name: str, limit: int = 26) -> str:
+    """A layer name shortened from the left to ``limit`` characters; the root is "(model)"."""
+    name = name or "(model)"
+    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+
+
+def opaque_over(color: QColor, background: QColor) -> QColor:
+    """The opaque colour that ``color`` (with its alpha) shows over ``background``."""
+    alpha = color.alphaF()
+    return QColor(
+        *(round(c * alpha + b * (1 - alpha)) for c, b in (
+            (color.red(), background.red()),
+            (color.green(), background.green()),
+            (color.blue(), background.blue()),
+        ))
+    )
+
+
+class GridAxis(pg.AxisItem):
+    """An axis whose ticks and grid lines are opaque, drawn behind the plot's data."""
+
+    def __init__(self, orientation: str) -> None:
+        super().__init__(orientation)
+        self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+
+    def place_behind_data(self) -> None:
+        """Call once the axis is in its PlotItem (which puts its axes above the data)."""
+        self.setZValue(_BEHIND_DATA_Z)
+
+    def drawPicture(self, p, axisSpec, tickSpecs, textSpecs) -> None:
+        background = pg.mkColor(pg.getConfigOption("background"))
+        opaque = []
+        for pen, start, end in tickSpecs:
+            if pen.color().alpha() < 255:
+                pen = QPen(pen)
+                pen.setColor(opaque_over(pen.color(), background))
+            opaque.append((pen, start, end))
+        super().drawPicture(p, axisSpec, opaque, textSpecs)
+
+
+class LayerAxis(GridAxis):
+    """Layer names at integer positions, thinned so that labels never overlap."""
+
+    def __init__(self, orientation: str = "left") -> None:
+        super().__init__(orientation)
+        self.names: list[str] = []
+        self.setStyle(tickFont=QFont("", 8))
+
+    def tickValues(self, minVal: float, maxVal: float, size: float) -> list:
+        if not self.names:
+            return []
+        low = max(0, math.ceil(min(minVal, maxVal)))
+        high = min(len(self.names) - 1, math.floor(max(minVal, maxVal)))
+        if high < low:
+            return []
+        visible = high - low + 1
+        step = max(1, math.ceil(visible * 15 / max(size, 1)))
+        return [(float(step), list(range(low, high + 1, step)))]
+
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        out = []
+        for value in values:
+            i = round(value)
+            out.append(elide(self.names[i]) if 0 <= i < len(self.names) else "")
+        return out

@@ -176,6 +176,56 @@ class RunHistory:
             self.first_nonfinite = origin
             self.events.append(Event(step, "origin", origin.module, origin.describe()))
 
+    def extend(
+        self,
+        steps: Sequence[tuple[int, float, StepStats | None, Origin | None]],
+        layer_names: Sequence[str],
+        layer_types: Sequence[str] | None = None,
+        layer_params: Sequence[int] | None = None,
+    ) -> None:
+        """Append several steps (step, loss, stats, origin) that share one layer layout: the
+        same as :meth:`append` for each in turn, with one numpy operation per statistic for
+        all of them (the app receives steps in batches; appending them one by one cost the
+        GUI thread, and through the GIL the training loop, about 40 µs a step)."""
+        if not steps:
+            return
+        if any(stats is None or origin is not None for _, _, stats, origin in steps):
+            for step, loss, stats, origin in steps:  # rare: each in turn
+                self.append(step, loss, stats, layer_names, layer_types, layer_params, origin)
+            return
+        columns = self.ensure_layers(layer_names, layer_types, layer_params)
+        count = len(steps)
+        if self.count + count > self._capacity:
+            self._grow(max(self.count + count, 2 * self._capacity), self._layer_capacity)
+        rows = slice(self.count, self.count + count)
+        all_stats = [stats for _, _, stats, _ in steps]
+        self.step_numbers[rows] = [step for step, _, _, _ in steps]
+        self.loss[rows] = [loss for _, loss, _, _ in steps]
+        self.total_grad_norm[rows] = [stats.total_grad_norm for stats in all_stats]
+        for name in ("grad_norm", "max_abs", "weight_norm"):
+            block = np.stack([getattr(stats, name) for stats in all_stats])
+            self._stats[name][rows, columns] = _to_float32(block)
+        ratios = [stats.update_ratio for stats in all_stats]
+        if all(ratio is not None for ratio in ratios):
+            self._stats["update_ratio"][rows, columns] = _to_float32(np.stack(ratios))
+        else:
+            for row, ratio in enumerate(ratios, start=self.count):
+                if ratio is not None:
+                    self._stats["update_ratio"][row, columns] = _to_float32(ratio)
+        status = np.stack([stats.status for stats in all_stats])
+        self._status[rows, columns] = status
+        self.worst_status[columns] = np.maximum(self.worst_status[columns], status.max(axis=0))
+        # Onsets: only the steps whose statuses differ from the step before need a look.
+        before = np.empty_like(status)
+        before[0] = [self._previous_status.get(name, STATUS_OK) for name in layer_names]
+        before[1:] = status[:-1]
+        for row in np.flatnonzero(((status != before) & (status != STATUS_OK)).any(axis=1)):
+            step, stats = steps[row][0], all_stats[row]
+            self.events.extend(
+                status_onsets(step, layer_names, status[row], before[row], stats.grad_norm))
+        self._previous_status.update(zip(layer_names, status[-1].tolist(), strict=True))
+        self.count += count
+
     def _note_onsets(self, step: int, names: Sequence[str], stats: StepStats) -> None:
         before = np.fromiter(
             (self._previous_status.get(name, STATUS_OK) for name in names),

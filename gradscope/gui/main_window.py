@@ -8,6 +8,7 @@ import csv
 import json
 import time
 from collections import deque
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ REFRESH_INTERVAL_MS = 33  # about 30 Hz: plots never redraw faster than this
 # when idle; while a run goes on, less, because the GUI thread then takes the GIL from the
 # training loop (issue 6: the app must keep 90% of a headless run's steps per second).
 IDLE_REDRAW_SHARE = 1 / 6
-RUNNING_REDRAW_SHARE = 0.05
+RUNNING_REDRAW_SHARE = 0.04
 RECENT_LIMIT = 10
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "sample_models"
 _STATE_TEXT = {
@@ -159,10 +160,11 @@ class MainWindow(QMainWindow):
         self.recordings.install_menus(self.file_menu, self.view_menu)
         self._update_actions()
 
+        # Single-shot, re-armed at each tick for when it is next needed (see the tick).
         self.refresh_timer = QTimer(self)
-        self.refresh_timer.setInterval(REFRESH_INTERVAL_MS)
+        self.refresh_timer.setSingleShot(True)
         self.refresh_timer.timeout.connect(self._on_refresh_timer_timeout)
-        self.refresh_timer.start()
+        self.refresh_timer.start(REFRESH_INTERVAL_MS)
 
     # -- construction --------------------------------------------------------------------
     def _build_central(self) -> None:
@@ -539,10 +541,14 @@ class MainWindow(QMainWindow):
     def _on_worker_steps_finished(self, payload: StepsFinished) -> None:
         if self.loaded is None:
             return
-        for record in payload.records:
-            result = record.result
-            self.history.append(result.step, result.loss, result.stats, record.layer_names,
-                                record.layer_types, record.layer_params, origin=result.origin)
+        # In runs of steps with one layer layout (it changes when the watched layers do).
+        for _, run in groupby(payload.records, key=lambda record: record.layer_names):
+            records = list(run)
+            first = records[0]
+            self.history.extend(
+                [(r.result.step, r.result.loss, r.result.stats, r.result.origin)
+                 for r in records],
+                first.layer_names, first.layer_types, first.layer_params)
         self._rate.append((time.perf_counter(), self.history.count))
         self._dirty = True
 
@@ -621,6 +627,20 @@ class MainWindow(QMainWindow):
             self.tree_view.expandAll()
 
     def _on_refresh_timer_timeout(self) -> None:
+        try:
+            self._redraw_if_due()
+        finally:
+            # The next tick: one interval on while a paint is to be accounted for or nothing
+            # is to be drawn (new steps may come any moment); otherwise when the next redraw
+            # is due. During a fast run that is about once a second, not 30 times: each time
+            # this thread wakes it takes the GIL from the run thread, and on a 2-core
+            # machine a few hundred microseconds of its steps with it.
+            delay = REFRESH_INTERVAL_MS
+            if self._dirty and self._paint_cpu_from is None:
+                delay = max(delay, round((self._next_refresh - time.perf_counter()) * 1000))
+            self.refresh_timer.start(delay)
+
+    def _redraw_if_due(self) -> None:
         # The paint of the last redraw has happened by now (it comes before this tick):
         # the run thread may step again.
         self.run_thread.worker.gui_idle.set()

@@ -1100,6 +1100,7 @@ class PlotPanel(QWidget):
             plot.selection_made.connect(self.selection_made)
             plot.item.vb.sigRangeChangedManually.connect(self._on_view_range_changed_manually)
         self._last_view: PlotView | None = None
+        self._fitted: dict[tuple[int, str], tuple] = {}  # see _set_range
         # Linked views turn each other's auto-range off, so the shared step axis and layer
         # rows are ranged here, until the user zooms or pans (View > Reset plot zoom).
         self.follow_range = True
@@ -1137,10 +1138,27 @@ class PlotPanel(QWidget):
                 # grids. The fit is exact again when the run stops.
                 jump = _round_up_to_nice((last - first) / 8)
                 last = first + math.ceil((last - first) / jump) * jump
-            self.gradient_norm.item.setXRange(first - 0.5, last + 0.5, padding=0.02)
+            self._set_range(self.gradient_norm.item, "x", first - 0.5, last + 0.5, 0.02)
         layers = sum(1 for name in view.order if history.has_layer(name))
         if layers:
-            self.heatmap.item.setYRange(-0.5, layers - 0.5, padding=0)
+            self._set_range(self.heatmap.item, "y", -0.5, layers - 0.5, 0)
+
+    def _set_range(self, item: pg.PlotItem, axis: str, low: float, high: float,
+                   padding: float) -> None:
+        # Setting a range, even an unchanged one, updates the linked plots and their axes'
+        # labels (a few milliseconds a redraw): skipped while the view still shows what the
+        # same request gave last time.
+        index = 0 if axis == "x" else 1
+        key = (id(item), axis)
+        request = (low, high, padding)
+        shown = tuple(item.vb.viewRange()[index])
+        if self._fitted.get(key) == (request, shown):
+            return
+        if axis == "x":
+            item.setXRange(low, high, padding=padding)
+        else:
+            item.setYRange(low, high, padding=padding)
+        self._fitted[key] = (request, tuple(item.vb.viewRange()[index]))
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
         self.gradient_norm.show_selection(layer, step)

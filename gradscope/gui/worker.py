@@ -17,9 +17,10 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-# Seconds between two batches of step results sent to the GUI while steps are fast: the
-# plots redraw at 30 Hz at most, so more batches would only wake the GUI thread more often.
-_EMIT_INTERVAL = 1 / 30
+# Seconds between two batches of step results sent to the GUI while steps are fast. While a
+# fast run goes on the plots redraw about once a second (see MainWindow's refresh timer), and
+# each batch wakes the GUI thread, which then takes the GIL from this one.
+_EMIT_INTERVAL = 0.1
 # How long a step waits at most for the GUI thread to finish a redraw (see ``gui_idle``).
 _GUI_WAIT_LIMIT = 0.2
 

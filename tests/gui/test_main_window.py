@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
+import pytest
 from gui_helpers import LOAD_TIMEOUT, RUN_TIMEOUT, open_and_wait, run_and_wait
 from PySide6.QtCore import QPointF, Qt
 
@@ -291,3 +292,34 @@ def test_closing_during_a_slow_load_joins_the_thread(qtbot, window, tmp_path) ->
     qtbot.wait(200)
     window.close()
     assert not window.run_thread.thread.isRunning()
+
+
+def test_refresh_timer_sleeps_until_the_next_redraw_is_due(window, monkeypatch) -> None:
+    """During a fast run the GUI thread wakes when a redraw is due, not 30 times a second
+    (each wake takes the GIL from the run thread)."""
+    import time
+
+    from gradscope.gui.main_window import REFRESH_INTERVAL_MS
+
+    timer = window.refresh_timer
+    assert timer.isSingleShot()
+    window._dirty, window._paint_cpu_from = True, None
+    window._next_refresh = time.perf_counter() + 0.6
+    window._on_refresh_timer_timeout()  # not due yet: no redraw, sleeps until it is
+    assert window._dirty and timer.isActive() and timer.interval() > 500
+    window._dirty = False  # nothing to draw: steps may come any moment
+    window._on_refresh_timer_timeout()
+    assert timer.isActive() and timer.interval() == REFRESH_INTERVAL_MS
+    window._dirty, window._next_refresh = True, 0.0
+    window._on_refresh_timer_timeout()  # due: redraws, then a tick after the paint
+    assert not window._dirty and window._paint_cpu_from is not None
+    assert timer.isActive() and timer.interval() == REFRESH_INTERVAL_MS
+
+    def broken() -> None:
+        raise RuntimeError("a bug in a redraw")
+
+    monkeypatch.setattr(window, "_redraw_if_due", broken)
+    timer.stop()
+    with pytest.raises(RuntimeError):
+        window._on_refresh_timer_timeout()
+    assert timer.isActive()  # a failed redraw never stops the redraws for good

@@ -10,9 +10,10 @@
    layer, step and statistic kept. Targets: refresh under 30 ms; history under 32 bytes.
 2. Throughput: a tiny model stepping as fast as it can, headless (StepRunner alone, with the
    settings the app runs it with) and with the app attached (same steps through the
-   window's run thread, the GUI thread in Qt's event loop); the worst gap of a 10 ms timer
-   in the GUI thread meanwhile, and how often the plots were redrawn. Targets: >= 90% of
-   the headless steps/s; gap < 100 ms.
+   window's run thread, the GUI thread in Qt's event loop), in interleaved rounds (the
+   median of the rounds' ratios); the worst gap of a 10 ms timer in the GUI thread while
+   the app runs, and how often the plots were redrawn. Targets: >= 90% of the headless
+   steps/s; gap < 100 ms.
 3. Launch: from process start to a usable window (shown, its event loop running; the sample
    model then loads on the run thread) and to the model loaded, next to
    ``python -c "import torch, PySide6.QtWidgets, pyqtgraph"``. Target: at most +30% for the
@@ -145,56 +146,50 @@ def measure_big_history(window, app) -> dict:
     }
 
 
-def headless_rate(script: str, seconds: float = 4.0, defaults: dict | None = None) -> float:
-    from gradscope.core.loading import load_with_settings
-    from gradscope.core.runner import StepRunner
+class Headless:
+    """The same run headless: a StepRunner stepping in this thread, with Python's automatic
+    garbage collection on, as in ``gradscope run``. (The window turned automatic collection
+    off: it collects on the GUI thread's event loop, which does not run while this steps.)"""
 
-    # Headless means Python's own garbage collection, as in `gradscope run`; the window has
-    # turned automatic collection off (it collects on the GUI thread's event loop, which
-    # does not run here), so turn it back on meanwhile.
-    collecting = gc.isenabled()
-    gc.enable()
-    try:
+    def __init__(self, script: str, defaults: dict | None = None) -> None:
+        from gradscope.core.loading import load_with_settings
+        from gradscope.core.runner import StepRunner
+
         loaded, settings = load_with_settings(script, {}, defaults=defaults or {})
-        runner = StepRunner(loaded, settings)
-        for _ in range(20):
-            runner.step()
-        done, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            runner.step()
-            done += 1
-        rate = done / (time.perf_counter() - started)
-        runner.close()
-    finally:
-        if not collecting:
-            gc.disable()
-    return rate
+        self.runner = StepRunner(loaded, settings)
+        self.rate(0.5)  # warm-up
+
+    def rate(self, seconds: float) -> float:
+        collecting = gc.isenabled()
+        gc.enable()
+        try:
+            done, started = 0, time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                self.runner.step()
+                done += 1
+            return done / (time.perf_counter() - started)
+        finally:
+            if not collecting:
+                gc.disable()
+
+    def close(self) -> None:
+        self.runner.close()
 
 
-def measure_throughput(window, app, script: str) -> dict:
+def measure_throughput(window, app, script: str, rounds: int = 6,
+                       segment_s: float = 1.5) -> dict:
+    """The app's steps/s against the same run headless, in interleaved rounds (as in
+    overhead.py): each round measures both, in a random order, for ``segment_s`` each, and
+    the round's ratio is app / headless. Machine drift (other load on a shared machine
+    moved single 4-second measurements by up to 15% here) then hits both sides alike. While
+    the headless runner steps, the app's run is paused (its thread idle, the window's event
+    loop not running); the app's segment starts a moment after it resumes."""
+    import random
+
     from PySide6.QtCore import QEventLoop, QTimer
 
     from gradscope.gui.main_window import APP_DEFAULTS
 
-    # The same run headless: with the settings the app runs it with (its defaults turn the
-    # update ratio and the rewind snapshots on); the engine's own defaults for reference.
-    headless = headless_rate(script, defaults=APP_DEFAULTS)
-    headless_engine_defaults = headless_rate(script)
-    loop = QEventLoop()
-    window.model_loaded.connect(lambda _p: loop.quit())
-    window.open_model(script, {"steps": 10**6})
-    loop.exec()
-    gaps, last = [], [time.perf_counter()]
-
-    def tick() -> None:
-        now = time.perf_counter()
-        gaps.append(now - last[0])
-        last[0] = now
-
-    timer = QTimer()
-    timer.setInterval(10)
-    timer.timeout.connect(tick)
-    timer.start()
     def run_event_loop(seconds: float) -> None:
         # The app's own way of waiting: Qt's event loop, which sleeps (and lets the run
         # thread have the GIL) when there is nothing to do. A loop of processEvents() calls
@@ -203,43 +198,86 @@ def measure_throughput(window, app, script: str) -> dict:
         QTimer.singleShot(int(seconds * 1000), waiting.quit)
         waiting.exec()
 
+    def wait_for(condition, limit: float = 10.0) -> None:
+        deadline = time.perf_counter() + limit
+        while not condition() and time.perf_counter() < deadline:
+            run_event_loop(0.01)
+
+    # With the settings the app runs it with (its defaults turn the update ratio and the
+    # rewind snapshots on); the engine's own defaults for reference.
+    headless = Headless(script, defaults=APP_DEFAULTS)
+    engine_defaults = Headless(script)
+    engine_defaults_rate = engine_defaults.rate(2.0)
+    engine_defaults.close()
+    loop = QEventLoop()
+    window.model_loaded.connect(lambda _p: loop.quit())
+    window.open_model(script, {"steps": 10**6})
+    loop.exec()
+    gaps: list[float] = []
+    last = [time.perf_counter()]
+    measuring = [False]
+
+    def tick() -> None:
+        now = time.perf_counter()
+        if measuring[0]:
+            gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(10)
+    timer.timeout.connect(tick)
+    timer.start()
     refreshes = [0]
     refresh = window._refresh
 
     def counted_refresh() -> None:
-        refreshes[0] += 1
+        refreshes[0] += measuring[0]
         refresh()
 
     window._refresh = counted_refresh
     window.run()
     run_event_loop(2.0)  # warm-up
-    first_count, started = window.history.count, time.perf_counter()
-    gaps.clear()
-    last[0] = time.perf_counter()
-    refreshes[0] = 0
-    run_event_loop(6.0)
-    elapsed = time.perf_counter() - started
-    attached = (window.history.count - first_count) / elapsed
-    redraws_per_s = refreshes[0] / elapsed
+    rng = random.Random(0)
+    app_rates, headless_rates, ratios = [], [], []
+    app_seconds = 0.0
+    for _ in range(rounds):
+        rates = {}
+        for side in rng.sample(["app", "headless"], 2):
+            if side == "app":
+                if window.state != "running":
+                    window.run()
+                    run_event_loop(0.3)  # the run going again, the redraw timer settled
+                first, started = window.history.count, time.perf_counter()
+                last[0], measuring[0] = started, True
+                run_event_loop(segment_s)
+                elapsed = time.perf_counter() - started
+                measuring[0] = False
+                app_seconds += elapsed
+                rates["app"] = (window.history.count - first) / elapsed
+            else:
+                if window.state == "running":
+                    window.pause()
+                    wait_for(lambda: window.state != "running")
+                rates["headless"] = headless.rate(segment_s)
+        app_rates.append(rates["app"])
+        headless_rates.append(rates["headless"])
+        ratios.append(rates["app"] / rates["headless"])
     del window._refresh
     timer.stop()
     window.stop()
-    stop_deadline = time.perf_counter() + 10
-    while window.state == "running" and time.perf_counter() < stop_deadline:
-        app.processEvents()
-    # Again after the attached run, so that a change in the machine's load during the
-    # measurement (other processes on a shared machine) counts on both sides.
-    headless_after = headless_rate(script, defaults=APP_DEFAULTS)
-    headless_before, headless = headless, (headless + headless_after) / 2
+    wait_for(lambda: window.state != "running")
+    headless.close()
+    ordered = sorted(ratios)
     return {
-        "headless_steps_per_s": round(headless, 1),
-        "headless_before_after_steps_per_s": [round(headless_before, 1),
-                                              round(headless_after, 1)],
-        "headless_engine_defaults_steps_per_s": round(headless_engine_defaults, 1),
-        "app_steps_per_s": round(attached, 1),
-        "app_fraction_of_headless": round(attached / headless, 3),
+        "rounds": rounds,
+        "seconds_per_side_per_round": segment_s,
+        "headless_steps_per_s": round(statistics.median(headless_rates), 1),
+        "headless_engine_defaults_steps_per_s": round(engine_defaults_rate, 1),
+        "app_steps_per_s": round(statistics.median(app_rates), 1),
+        "app_fraction_of_headless": round(statistics.median(ratios), 3),
+        "app_fraction_min_max": [round(ordered[0], 3), round(ordered[-1], 3)],
         "worst_event_loop_gap_ms": round(max(gaps) * 1e3, 1),
-        "plot_redraws_per_s": round(redraws_per_s, 1),
+        "plot_redraws_per_s": round(refreshes[0] / app_seconds, 1),
     }
 
 

@@ -75,3 +75,48 @@ def test_extend_equals_appending_each_step() -> None:
         one_by_one.append(step, loss, stats, few, origin=found)
     batched.extend(again, few)
     _same(one_by_one, batched)
+
+
+def test_a_rewound_branch_leaves_no_old_values_behind() -> None:
+    """After a rewind, cells the new branch does not measure (an unwatched layer, no update
+    ratio) read MISSING, not the forgotten branch's values."""
+    from gradscope.core.history import MISSING, STATUS_MISSING
+
+    rng = np.random.default_rng(2)
+    both, one = ["a", "b"], ["a"]
+    for batched in (False, True):
+        history = RunHistory(capacity=4)
+        history.extend(_steps(both, 6, 1, rng), both)  # steps 1-6, ratios on most
+        history.rewind_to(4)
+        again = [(step, loss, stats, None) for step, loss, stats, _ in _steps(one, 3, 4, rng)]
+        for _, _, stats, _ in again:
+            stats.update_ratio = None
+        if batched:
+            history.extend(again, one)
+        else:
+            for step, loss, stats, origin in again:
+                history.append(step, loss, stats, one, origin=origin)
+        rows = slice(3, 6)
+        assert (history.matrix("grad_norm")[rows, 1] == MISSING).all()
+        assert (history.status_matrix()[rows, 1] == STATUS_MISSING).all()
+        assert (history.matrix("update_ratio")[rows] == MISSING).all()
+
+
+def test_extend_with_a_repeated_layer_name_equals_appending() -> None:
+    # append keeps one previous status per name: here the second "x" (ok) hides the first
+    # (exploding), so every step is an onset for it; extend must say the same.
+    names = ["x", "x", "y"]
+    norms = np.array([5000.0, 1.0, 1.0])
+    zeros = np.zeros(3, dtype=np.int64)
+    steps = []
+    for step in range(4):
+        stats = StepStats(step=step, loss=1.0, total_grad_norm=1.0, grad_norm=norms,
+                          max_abs=norms, weight_norm=norms, nan_count=zeros, inf_count=zeros,
+                          status=classify(norms, zeros, 1000.0, 1e-7), param_grad_norm=norms)
+        steps.append((step, 1.0, stats, None))
+    one_by_one, batched = RunHistory(), RunHistory()
+    for step, loss, stats, origin in steps:
+        one_by_one.append(step, loss, stats, names, origin=origin)
+    batched.extend(steps, names)
+    assert len(one_by_one.events) == 4
+    assert one_by_one.events == batched.events

@@ -189,7 +189,9 @@ class RunHistory:
         GUI thread, and through the GIL the training loop, about 40 µs a step)."""
         if not steps:
             return
-        if any(stats is None or origin is not None for _, _, stats, origin in steps):
+        if len(set(layer_names)) < len(layer_names) or any(
+            stats is None or origin is not None for _, _, stats, origin in steps
+        ):
             for step, loss, stats, origin in steps:  # rare: each in turn
                 self.append(step, loss, stats, layer_names, layer_types, layer_params, origin)
             return
@@ -267,6 +269,12 @@ class RunHistory:
         them. Events, the first NaN/Inf origin and each layer's worst status are those of the
         steps that remain."""
         keep = int(np.searchsorted(self.step_numbers[: self.count], step, side="left"))
+        # The forgotten rows go back to "not measured": the new branch's steps only write
+        # the cells they measure (watched layers, an update ratio when there is one).
+        for name in STATISTICS:
+            self._stats[name][keep : self.count] = MISSING
+        self._status[keep : self.count] = STATUS_MISSING
+        self.total_grad_norm[keep : self.count] = 0.0
         self.count = keep
         self.events = [event for event in self.events if event.step < step]
         if self.first_nonfinite is not None and self.first_nonfinite.step >= step:

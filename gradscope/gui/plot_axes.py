@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QPen
 from PySide6.QtWidgets import QGraphicsItem
 
@@ -52,15 +53,33 @@ class GridAxis(pg.AxisItem):
         """Call once the axis is in its PlotItem (which puts its axes above the data)."""
         self.setZValue(_BEHIND_DATA_Z)
 
+    def background(self) -> QColor | None:
+        """The opaque colour of the view this axis is drawn on, or None (no view yet, or a
+        transparent background: then the grid keeps pyqtgraph's translucent lines)."""
+        scene = self.scene()
+        views = scene.views() if scene is not None else []
+        if not views:
+            return None
+        color = views[0].backgroundBrush().color()
+        if views[0].backgroundBrush().style() == Qt.BrushStyle.NoBrush or color.alpha() < 255:
+            return None
+        return color
+
     def drawPicture(self, p, axisSpec, tickSpecs, textSpecs) -> None:
-        background = pg.mkColor(pg.getConfigOption("background"))
-        opaque = []
-        for pen, start, end in tickSpecs:
-            if pen.color().alpha() < 255:
-                pen = QPen(pen)
-                pen.setColor(opaque_over(pen.color(), background))
-            opaque.append((pen, start, end))
-        super().drawPicture(p, axisSpec, opaque, textSpecs)
+        background = self.background()
+        if background is not None:
+            tickSpecs = [
+                (self._opaque(pen, background), start, end) for pen, start, end in tickSpecs
+            ]
+        super().drawPicture(p, axisSpec, tickSpecs, textSpecs)
+
+    @staticmethod
+    def _opaque(pen: QPen, background: QColor) -> QPen:
+        if pen.color().alpha() == 255:
+            return pen
+        pen = QPen(pen)
+        pen.setColor(opaque_over(pen.color(), background))
+        return pen
 
 
 class LayerAxis(GridAxis):

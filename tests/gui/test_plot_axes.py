@@ -53,3 +53,32 @@ def test_every_plot_axis_draws_its_grid_opaque_and_behind_the_data(qtbot) -> Non
     grid_area = alphas[:, int(left.width()) + 2:]
     assert (grid_area == 255).sum() > 1000
     assert set(np.unique(grid_area)) <= {0, 255}
+
+
+def test_the_grid_blends_with_its_own_view_background(qtbot) -> None:
+    import pyqtgraph as pg
+
+    from gradscope.gui.plot_axes import GridAxis
+
+    for background, expect_opaque in (("k", True), (None, False)):
+        axis = GridAxis("left")
+        widget = pg.PlotWidget(axisItems={"left": axis}, background=background)
+        qtbot.addWidget(widget)
+        widget.resize(400, 300)
+        widget.getPlotItem().showGrid(y=True, alpha=0.15)
+        widget.getPlotItem().setYRange(0, 10)
+        widget.show()
+        widget.grab()
+        image = QImage(1, 1, QImage.Format.Format_ARGB32)
+        painter = QPainter(image)
+        pens = [pen for pen, _, _ in axis.generateDrawSpecs(painter)[1]]
+        painter.end()
+        grid = [axis._opaque(pen, axis.background()) if axis.background() else pen
+                for pen in pens]
+        if expect_opaque:
+            assert axis.background().getRgb() == (0, 0, 0, 255)
+            # Grey at 15% over black stays dark, never the near-white it is over white.
+            assert all(pen.color().alpha() == 255 and pen.color().red() < 128 for pen in grid)
+        else:
+            assert axis.background() is None
+            assert any(pen.color().alpha() < 255 for pen in grid)

@@ -801,7 +801,15 @@ class MainWindow(QMainWindow):
         return (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
 
     def _set_state(self, state: str) -> None:
+        was_running = self.state == "running"
         self.state = state
+        if was_running != (state == "running"):
+            # The redraw share changed: so does when the next redraw is due (a paused run's
+            # plots must not wait for a delay armed while it ran).
+            self._schedule_next_refresh()
+            if self._dirty and self._paint_cpu_from is None:
+                due = round((self._next_refresh - time.perf_counter()) * 1000)
+                self.refresh_timer.start(max(REFRESH_INTERVAL_MS, due))
         text, color = _STATE_TEXT[state]
         if state == "halted":
             color = STATUS_COLORS[3]

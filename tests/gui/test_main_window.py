@@ -315,6 +315,16 @@ def test_refresh_timer_sleeps_until_the_next_redraw_is_due(window, monkeypatch) 
     assert not window._dirty and window._paint_cpu_from is not None
     assert timer.isActive() and timer.interval() == REFRESH_INTERVAL_MS
 
+    # A long wait armed while a run went on ends when the run pauses (idle share).
+    window._paint_cpu_from = None
+    window.state, window._dirty = "running", True
+    window._redraw_cost, window._last_refresh = 0.2, time.perf_counter()
+    window._schedule_next_refresh()
+    window._on_refresh_timer_timeout()
+    assert timer.interval() >= 4000  # 0.2 s of redraw at a 4% share
+    window._set_state("paused")
+    assert timer.interval() <= 1300  # at a sixth
+
     def broken() -> None:
         raise RuntimeError("a bug in a redraw")
 

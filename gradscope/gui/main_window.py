@@ -630,15 +630,18 @@ class MainWindow(QMainWindow):
         try:
             self._redraw_if_due()
         finally:
-            # The next tick: one interval on while a paint is to be accounted for or nothing
-            # is to be drawn (new steps may come any moment); otherwise when the next redraw
-            # is due. During a fast run that is about once a second, not 30 times: each time
-            # this thread wakes it takes the GIL from the run thread, and on a 2-core
-            # machine a few hundred microseconds of its steps with it.
-            delay = REFRESH_INTERVAL_MS
-            if self._dirty and self._paint_cpu_from is None:
-                delay = max(delay, round((self._next_refresh - time.perf_counter()) * 1000))
-            self.refresh_timer.start(delay)
+            self._arm_refresh_timer()
+
+    def _arm_refresh_timer(self) -> None:
+        # The next tick: one interval on while a paint is to be accounted for or nothing is
+        # to be drawn (new steps may come any moment); otherwise when the next redraw is
+        # due. During a fast run that is about once a second, not 30 times: each time this
+        # thread wakes it takes the GIL from the run thread, and on a 2-core machine a few
+        # hundred microseconds of its steps with it.
+        delay = REFRESH_INTERVAL_MS
+        if self._dirty and self._paint_cpu_from is None:
+            delay = max(delay, round((self._next_refresh - time.perf_counter()) * 1000))
+        self.refresh_timer.start(delay)
 
     def _redraw_if_due(self) -> None:
         # The paint of the last redraw has happened by now (it comes before this tick):
@@ -808,8 +811,7 @@ class MainWindow(QMainWindow):
             # plots must not wait for a delay armed while it ran).
             self._schedule_next_refresh()
             if self._dirty and self._paint_cpu_from is None:
-                due = round((self._next_refresh - time.perf_counter()) * 1000)
-                self.refresh_timer.start(max(REFRESH_INTERVAL_MS, due))
+                self._arm_refresh_timer()
         text, color = _STATE_TEXT[state]
         if state == "halted":
             color = STATUS_COLORS[3]

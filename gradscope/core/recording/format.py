@@ -1,0 +1,183 @@
+"""The recording file format: tables, constants, opening and checking a file.
+
+Format (``FORMAT_VERSION`` in the ``meta`` table; a reader refuses newer versions):
+
+- ``meta``: format name and version, creation time, GradScope version, source, device, the
+  caller's run settings (JSON), whether the writer finished, and the worst status seen per
+  layer (a uint8 BLOB, so a decimated load still knows every layer's worst step);
+- ``tree``: the module tree rows (``ModuleTree.rows()``), so no model is needed to show it;
+- ``layers`` (watched layers: name, type, parameter count) and ``layer_sets`` (the layers
+  each step covers, an int32 BLOB of layer positions; a new set when the watched layers
+  change during a run);
+- ``steps``: one row per recorded step (step number, layer set, loss, total grad norm, flags)
+  and one table per statistic (``grad_norm``, ``max_abs``, ``weight_norm``, ``update_ratio``,
+  ``status``) holding one BLOB per step: the step's values for its layer set as packed
+  little-endian float32 (uint8 for status). NaN/Inf are stored as they are. Tables apart let
+  a reader fetch one statistic without touching the others. NaN/Inf counts are sparse
+  (``nonfinite_counts``, int64, only steps that have any);
+- ``events`` (status onsets, the NaN/Inf origin, gaps) and ``origins`` (the first non-finite
+  origin's full details as JSON);
+- ``rewinds``: where the app rewound the run (``RecordingWriter.rewind_to``); the abandoned
+  branch's rows are deleted, so step numbers never decrease from row to row, and a
+  follower rewinds its history when it sees a new entry.
+
+Nothing is pickled: opening a recording runs no code. SQLite's WAL mode lets readers read
+while the writer appends and a committed transaction survives the writer being killed
+(``synchronous=NORMAL``: an application crash loses nothing committed; a power cut may lose
+the last commits, never the file's consistency).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from gradscope.core.errors import GradScopeError
+
+FORMAT_NAME = "gradscope-recording"
+FORMAT_VERSION = 1
+SUFFIX = ".gsrec"
+ORIGIN_WAIT_SECONDS = 5.0
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_FLAG_LOSS_GIVEN = 1
+_FLAG_LOSS_NONFINITE = 2
+_FLAG_UNWATCHED_NONFINITE = 4
+_VALUE_TABLES = ("grad_norm", "max_abs", "weight_norm", "update_ratio")
+_DENSE_TABLES = ("grad_norm", "max_abs", "weight_norm", "status")
+
+_SCHEMA = """
+CREATE TABLE meta(key TEXT PRIMARY KEY, value);
+CREATE TABLE writer_lock(
+    id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER, host TEXT, token TEXT, heartbeat REAL);
+CREATE TABLE tree(
+    position INTEGER PRIMARY KEY, name TEXT NOT NULL, type TEXT NOT NULL,
+    own_params INTEGER NOT NULL, total_params INTEGER NOT NULL);
+CREATE TABLE layers(
+    position INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, type TEXT NOT NULL,
+    params INTEGER NOT NULL);
+CREATE TABLE layer_sets(id INTEGER PRIMARY KEY, positions BLOB NOT NULL);
+CREATE TABLE steps(
+    row INTEGER PRIMARY KEY, step INTEGER NOT NULL, layer_set INTEGER NOT NULL,
+    loss REAL, total_grad_norm REAL, flags INTEGER NOT NULL);
+CREATE TABLE grad_norm(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE max_abs(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE weight_norm(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE update_ratio(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE status(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE nonfinite_counts(row INTEGER PRIMARY KEY, nan BLOB NOT NULL, inf BLOB NOT NULL);
+CREATE TABLE events(
+    id INTEGER PRIMARY KEY, row INTEGER NOT NULL, step INTEGER NOT NULL, kind TEXT NOT NULL,
+    layer TEXT, message TEXT NOT NULL);
+CREATE INDEX events_by_row ON events(row);
+CREATE TABLE origins(id INTEGER PRIMARY KEY, row INTEGER NOT NULL, data TEXT NOT NULL);
+CREATE TABLE rewinds(id INTEGER PRIMARY KEY, step INTEGER NOT NULL, row INTEGER NOT NULL);
+"""
+_TABLES = (
+    "meta",
+    "writer_lock",
+    "tree",
+    "layers",
+    "layer_sets",
+    "steps",
+    "grad_norm",
+    "max_abs",
+    "weight_norm",
+    "update_ratio",
+    "status",
+    "nonfinite_counts",
+    "events",
+    "origins",
+    "rewinds",
+)
+_ROW_TABLES = (
+    "steps",
+    "grad_norm",
+    "max_abs",
+    "weight_norm",
+    "update_ratio",
+    "status",
+    "nonfinite_counts",
+    "events",
+    "origins",
+)
+
+
+# -- the file -----------------------------------------------------------------------------
+def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
+    if read_only:
+        uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro"
+        connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        connection.execute("PRAGMA query_only = 1")
+    else:
+        connection = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    connection.execute("PRAGMA busy_timeout = 5000")
+    return connection
+
+
+def _check_header(path: Path) -> None:
+    """Tell "not a recording" and "truncated" apart before SQLite gets to say "malformed"."""
+    if not path.exists():
+        raise GradScopeError(f"no such recording: {path}")
+    if path.is_dir():
+        raise GradScopeError(f"{path} is a folder, not a recording")
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        header = file.read(100)
+    if not header.startswith(_SQLITE_MAGIC):
+        raise GradScopeError(f"{path} is not a GradScope recording")
+    if len(header) < 100:
+        raise GradScopeError(f"{path} is damaged: it is truncated ({size} bytes)")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    counter_valid = header[24:28] == header[92:96]
+    wal = Path(str(path) + "-wal")
+    wal_has_frames = wal.exists() and wal.stat().st_size > 32
+    # In WAL mode the header's size is as of the last checkpoint, and an interrupted
+    # checkpoint may leave the file short with the WAL still holding the pages.
+    if pages and counter_valid and not wal_has_frames and size < pages * page_size:
+        raise GradScopeError(
+            f"{path} is damaged: it is truncated ({size:,} of {pages * page_size:,} bytes)"
+        )
+
+
+def _damaged(path: Path, error: Exception) -> GradScopeError:
+    return GradScopeError(
+        f"{path} is damaged (truncated or corrupt): {error}; "
+        "steps up to the damage may be readable by an older copy"
+    )
+
+
+def _read_meta(connection: sqlite3.Connection, path: Path) -> dict[str, Any]:
+    try:
+        tables = {
+            name
+            for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if "meta" not in tables:
+            raise GradScopeError(
+                f"{path} is not a GradScope recording (an SQLite database without GradScope's "
+                "tables)"
+            )
+        meta = dict(connection.execute("SELECT key, value FROM meta"))
+    except sqlite3.DatabaseError as error:
+        if "not a database" in str(error) or "file is encrypted" in str(error):
+            raise GradScopeError(f"{path} is not a GradScope recording") from None
+        raise _damaged(path, error) from None
+    if meta.get("format") != FORMAT_NAME:
+        raise GradScopeError(f"{path} is not a GradScope recording")
+    version = meta.get("format_version")
+    if not isinstance(version, int):
+        raise _damaged(path, ValueError("no format version"))
+    if version > FORMAT_VERSION:
+        raise GradScopeError(
+            f"{path} was written by a newer GradScope (recording format {version}; this "
+            f"GradScope reads up to format {FORMAT_VERSION}); update GradScope to open it"
+        )
+    missing = [t for t in _TABLES if t not in tables]
+    if missing:
+        raise _damaged(path, ValueError(f"missing tables {', '.join(missing)}"))
+    return meta

@@ -1,0 +1,457 @@
+"""Reading (:class:`RecordingReader`): ``load()`` returns the module tree and a
+:class:`~gradscope.core.history.RunHistory`, optionally decimated (every k-th step plus every
+step with an event); ``read_new_steps(history)`` appends what was committed since the last
+read (follow mode); ``read_statistic()`` reads one statistic over a range of steps at full
+resolution. Reads run in short read transactions, which never block the writer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradscope.core.errors import GradScopeError
+from gradscope.core.history import (
+    MISSING,
+    STATISTICS,
+    STATUS_MISSING,
+    Event,
+    RunHistory,
+)
+from gradscope.core.module_tree import ModuleTree
+from gradscope.core.origin import Origin
+from gradscope.core.recording.format import (
+    _DENSE_TABLES,
+    _FLAG_LOSS_GIVEN,
+    _check_header,
+    _connect,
+    _damaged,
+    _read_meta,
+)
+from gradscope.core.recording.lock import _lock_is_held
+
+
+# -- reading ------------------------------------------------------------------------------
+class RecordingReader:
+    """Read a recording, also while another process writes it.
+
+    ``load()`` -> ``(tree, history)``; then ``read_new_steps(history)`` appends what was
+    committed since (follow mode) and ``is_live()`` says whether a writer is still at it.
+    Every problem with the file is a :class:`GradScopeError` with one clear message.
+    A reader holds one SQLite connection: use it from one thread at a time (the app's
+    worker, say), or give each thread its own reader.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        _check_header(self.path)
+        try:
+            self._connection = _connect(self.path, read_only=True)
+        except sqlite3.Error as error:
+            raise GradScopeError(f"cannot open the recording {self.path}: {error}") from None
+        try:
+            meta = _read_meta(self._connection, self.path)
+            self.format_version: int = meta["format_version"]
+            self._created = meta.get("created")
+            self.settings: dict[str, Any] = json.loads(meta["settings"] or "null") or {}
+            self.info: dict[str, str] = {
+                key[5:]: value for key, value in meta.items() if key.startswith("info.")
+            }
+            tree_rows = self._connection.execute(
+                "SELECT name, type, own_params, total_params FROM tree ORDER BY position"
+            ).fetchall()
+        except sqlite3.DatabaseError as error:
+            self._connection.close()
+            raise _damaged(self.path, error) from None
+        except BaseException:
+            self._connection.close()
+            raise
+        self.tree: ModuleTree | None = ModuleTree.from_rows(tree_rows) if tree_rows else None
+        self.loss_recorded = np.zeros(0, dtype=bool)
+        self.decimation = 1
+        self._last_row = -1
+        self._last_event = 0
+        self._last_rewind = 0
+        self._layer_names: list[str] = []
+        self._layer_types: list[str] = []
+        self._layer_params: list[int] = []
+        self._sets: dict[int, np.ndarray] = {}
+
+    @property
+    def source(self) -> str:
+        return self.info.get("source") or str(self.settings.get("source") or self.path)
+
+    @property
+    def device(self) -> str:
+        return self.info.get("device") or str(self.settings.get("device") or "unknown")
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def __enter__(self) -> RecordingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- status -----------------------------------------------------------------------
+    def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self._connection.execute(sql, parameters).fetchall()
+        except sqlite3.DatabaseError as error:
+            raise _damaged(self.path, error) from None
+
+    def is_live(self) -> bool:
+        """True while a writer holds the recording (and is alive)."""
+        row = self._query("SELECT pid, host, heartbeat FROM writer_lock WHERE id = 1")
+        return bool(row) and _lock_is_held(*row[0])
+
+    def is_finished(self) -> bool:
+        """True when the writer closed it properly (False after a crash, or while live)."""
+        return self._query("SELECT value FROM meta WHERE key = 'finished'") == [(1,)]
+
+    def row_count(self) -> int:
+        """Steps recorded so far (committed ones)."""
+        found = self._query("SELECT MAX(row) FROM steps")
+        return 0 if found[0][0] is None else int(found[0][0]) + 1
+
+    @property
+    def layer_names(self) -> list[str]:
+        """The recorded layers, in order of first appearance (history columns)."""
+        try:
+            self._refresh_layers()
+        except sqlite3.DatabaseError as error:
+            raise _damaged(self.path, error) from None
+        return list(self._layer_names)
+
+    # -- loading ----------------------------------------------------------------------
+    def load(self, max_rows: int | None = None) -> tuple[ModuleTree | None, RunHistory]:
+        """The module tree (None when the writer stored none) and a history of the steps
+        committed so far. With ``max_rows``, a longer recording is decimated: every k-th
+        step, plus every step with an event (onsets, the origin) and the last step; each
+        layer's worst status still covers every step."""
+        history = RunHistory()
+        self._last_row, self._last_event = -1, 0
+        found = self._query("SELECT MAX(id) FROM rewinds")
+        self._last_rewind = found[0][0] or 0
+        self.loss_recorded = np.zeros(0, dtype=bool)
+        stride = 1
+        if max_rows is not None:
+            stride = max(1, math.ceil(self.row_count() / max(1, max_rows)))
+        self.decimation = stride
+        self._read(history, stride)
+        return self.tree, history
+
+    def read_new_steps(self, history: RunHistory) -> int:
+        """Append the steps committed since the last ``load``/``read_new_steps`` to
+        ``history`` (the one ``load`` returned); returns how many were added."""
+        return self._read(history, 1)
+
+    def read_window(
+        self, start_row: int, stop_row: int | None = None, max_rows: int | None = None
+    ) -> RunHistory:
+        """A separate history of rows ``start_row:stop_row`` (a zoomed-in view at full
+        resolution, or decimated to about ``max_rows`` like ``load``); follow mode's
+        position is untouched. Events are those of the window; a loss not recorded is NaN.
+        Decimated, each layer's worst status is that of the whole run."""
+        history = RunHistory()
+        stop = self.row_count() if stop_row is None else max(start_row, stop_row)
+        stride = 1
+        if max_rows is not None:
+            stride = max(1, math.ceil((stop - start_row) / max(1, max_rows)))
+        self._read(history, stride, (max(0, start_row), stop))
+        return history
+
+    def _read(self, history: RunHistory, stride: int, window: tuple[int, int] | None = None) -> int:
+        connection = self._connection
+        try:
+            connection.execute("BEGIN")  # one snapshot across all tables
+            try:
+                added = self._read_block(history, stride, window)
+            finally:
+                connection.execute("COMMIT")
+        except sqlite3.DatabaseError as error:
+            raise _damaged(self.path, error) from None
+        except (ValueError, KeyError, IndexError) as error:
+            raise _damaged(self.path, error) from None
+        return added
+
+    def _refresh_layers(self) -> None:
+        connection = self._connection
+        for _position, name, type_name, params in connection.execute(
+            "SELECT position, name, type, params FROM layers WHERE position >= ? ORDER BY position",
+            (len(self._layer_names),),
+        ):
+            self._layer_names.append(name)
+            self._layer_types.append(type_name)
+            self._layer_params.append(int(params))
+        known = max(self._sets, default=-1)
+        for set_id, blob in connection.execute(
+            "SELECT id, positions FROM layer_sets WHERE id > ? ORDER BY id", (known,)
+        ):
+            self._sets[int(set_id)] = np.frombuffer(blob, dtype=np.int32)
+
+    def _read_block(self, history: RunHistory, stride: int, window: tuple[int, int] | None) -> int:
+        """Append rows to ``history``: those after the last read (``window`` None: follow
+        mode) or those of ``window`` (first row, stop row), every ``stride``-th plus the rows
+        with events and the last one."""
+        connection = self._connection
+        created = connection.execute("SELECT value FROM meta WHERE key = 'created'").fetchone()
+        if created is None or created[0] != self._created:
+            raise GradScopeError(
+                f"{self.path} was replaced by a new recording while it was open; open it again"
+            )
+        self._refresh_layers()
+        follow = window is None
+        if follow:
+            self._follow_rewinds(history)
+        first_row, stop_row = (self._last_row + 1, 2**62) if window is None else window
+        span = "row >= ? AND row < ?"
+        if stride > 1:
+            newest = connection.execute(
+                f"SELECT MAX(row) FROM steps WHERE {span}", (first_row, stop_row)
+            ).fetchone()[0]
+            selection = (
+                f"{span} AND ((row - ?) % ? = 0 OR row = ? OR row IN (SELECT row FROM events))",
+                (first_row, stop_row, first_row, stride, -1 if newest is None else newest),
+            )
+        else:
+            selection = (span, (first_row, stop_row))
+        step_rows = connection.execute(
+            "SELECT row, step, layer_set, loss, total_grad_norm, flags FROM steps "
+            f"WHERE {selection[0]} ORDER BY row",
+            selection[1],
+        ).fetchall()
+        if follow:
+            events = connection.execute(
+                "SELECT id, step, kind, layer, message FROM events WHERE id > ? ORDER BY id",
+                (self._last_event,),
+            ).fetchall()
+        else:
+            events = connection.execute(
+                f"SELECT id, step, kind, layer, message FROM events WHERE {span} ORDER BY id",
+                (first_row, stop_row),
+            ).fetchall()
+        origin_data = None
+        if history.first_nonfinite is None:
+            found = connection.execute("SELECT data FROM origins ORDER BY id LIMIT 1").fetchone()
+            origin_data = found[0] if found else None
+        if not step_rows:
+            self._add_events(history, events, origin_data, follow)
+            return 0
+        table = np.array([(r[0], r[1], r[2], r[5]) for r in step_rows], dtype=np.int64)
+        rows, steps, set_ids, flags = table[:, 0], table[:, 1], table[:, 2], table[:, 3]
+        n = len(rows)
+        if stride > 1:
+            # Look the chosen rows up by key: a condition on the row would still walk every
+            # page of the value tables (their BLOBs live in the table's leaf pages).
+            where, parameters = f"row IN ({','.join(map(str, rows.tolist()))})", ()
+        else:
+            where, parameters = span, (first_row, stop_row)
+        loss_given = (flags & _FLAG_LOSS_GIVEN) != 0
+        losses = np.array([np.nan if r[3] is None else r[3] for r in step_rows], dtype=np.float64)
+        totals = np.array([np.nan if r[4] is None else r[4] for r in step_rows], dtype=np.float64)
+
+        columns = history.ensure_layers(self._layer_names, self._layer_types, self._layer_params)
+        start = history.count
+        end = start + n
+        if end > history._capacity:
+            history._grow(max(end, 2 * history._capacity), history._layer_capacity)
+        history.step_numbers[start:end] = steps
+        history.loss[start:end] = losses
+        history.total_grad_norm[start:end] = totals
+
+        groups = {
+            int(s): (np.flatnonzero(set_ids == s), columns[self._sets[int(s)]])
+            for s in np.unique(set_ids)
+        }
+        sizes = np.zeros(n, dtype=np.int64)
+        for members, layer_columns in groups.values():
+            sizes[members] = len(layer_columns)
+        # One layer set covering every column (the common case): plain 2-D copies.
+        only = next(iter(groups.values()))[1] if len(groups) == 1 else None
+        covers_all = only is not None and len(np.unique(only)) == len(history.layer_names)
+        contiguous = (
+            only is not None
+            and len(only) > 0
+            and np.array_equal(only, only[0] + np.arange(len(only)))
+        )
+
+        def scatter(target: np.ndarray, flat: np.ndarray, which: np.ndarray | None) -> None:
+            """Put the concatenated per-row values of block rows ``which`` (None: all) into
+            ``target`` (block rows x history columns)."""
+            if which is None and only is not None:
+                if len(flat) != n * len(only):
+                    raise ValueError("stored values do not match their layers")
+                values = flat.reshape(n, len(only))
+                if contiguous:
+                    target[:, only[0] : only[0] + len(only)] = values
+                else:
+                    target[:, only] = values
+                return
+            which = np.arange(n) if which is None else which
+            local_offsets = np.concatenate([[0], np.cumsum(sizes[which])])
+            if local_offsets[-1] != len(flat):
+                raise ValueError("stored values do not match their layers")
+            position = np.zeros(n, dtype=np.int64)
+            position[which] = local_offsets[:-1]
+            for members, layer_columns in groups.values():
+                chosen = members[np.isin(members, which)]
+                if len(chosen) == 0 or len(layer_columns) == 0:
+                    continue
+                gather = position[chosen][:, None] + np.arange(len(layer_columns))
+                target[chosen[:, None], layer_columns[None, :]] = flat[gather]
+
+        for name in _DENSE_TABLES:
+            blobs = connection.execute(
+                f"SELECT data FROM {name} WHERE {where} ORDER BY row", parameters
+            ).fetchall()
+            if len(blobs) != n:
+                raise ValueError(f"{name} has {len(blobs)} rows for {n} steps")
+            dtype = np.uint8 if name == "status" else np.float32
+            flat = np.frombuffer(b"".join(b for (b,) in blobs), dtype=dtype)
+            del blobs
+            if name == "status":
+                target = history._status[start:end]
+                if not covers_all:
+                    target[:] = STATUS_MISSING
+            else:
+                target = history._stats[name][start:end]
+                if not covers_all:
+                    target[:] = MISSING
+            scatter(target, flat, None)
+        ratios = history._stats["update_ratio"][start:end]
+        ratios[:] = MISSING
+        sparse = connection.execute(
+            f"SELECT row, data FROM update_ratio WHERE {where} ORDER BY row", parameters
+        ).fetchall()
+        if sparse:
+            which = np.searchsorted(rows, np.array([r for r, _ in sparse], dtype=np.int64))
+            flat = np.frombuffer(b"".join(b for _, b in sparse), dtype=np.float32)
+            scatter(ratios, flat, None if len(which) == n else which)
+
+        block_status = history._status[start:end][:, columns]
+        if stride == 1:
+            seen = np.where(block_status == STATUS_MISSING, 0, block_status).max(axis=0)
+        else:  # skipped steps count too: the writer keeps each layer's worst status
+            stored = connection.execute(
+                "SELECT value FROM meta WHERE key = 'worst_status'"
+            ).fetchone()
+            worst = np.frombuffer(stored[0] or b"", dtype=np.uint8)[: len(columns)]
+            seen = np.zeros(len(columns), dtype=np.uint8)
+            seen[: len(worst)] = worst
+        history.worst_status[columns] = np.maximum(history.worst_status[columns], seen)
+        # Let a later RunHistory.append continue the onsets where the recording stopped.
+        for set_id in sorted(groups, key=lambda s: groups[s][0][-1]):
+            members, layer_columns = groups[set_id]
+            last_row = history._status[start + members[-1]]
+            for column in layer_columns.tolist():
+                history._previous_status[history.layer_names[column]] = int(last_row[column])
+        history.count = end
+        if follow:
+            self.loss_recorded = np.concatenate([self.loss_recorded, loss_given])
+            self._last_row = int(rows[-1])
+        self._add_events(history, events, origin_data, follow)
+        return n
+
+    def _follow_rewinds(self, history: RunHistory) -> None:
+        """The writer rewound (and deleted rows this history may hold): rewind too."""
+        connection = self._connection
+        rewinds = connection.execute(
+            "SELECT id, step, row FROM rewinds WHERE id > ? ORDER BY row LIMIT 1",
+            (self._last_rewind,),
+        ).fetchone()
+        if rewinds is None:
+            return
+        _, step, cut_row = rewinds
+        history.rewind_to(int(step))
+        self.loss_recorded = self.loss_recorded[: history.count]
+        self._last_row = min(self._last_row, int(cut_row) - 1)
+        kept = connection.execute("SELECT MAX(id) FROM events WHERE row < ?", (cut_row,))
+        self._last_event = kept.fetchone()[0] or 0
+        self._last_rewind = connection.execute("SELECT MAX(id) FROM rewinds").fetchone()[0]
+
+    def _add_events(
+        self, history: RunHistory, events: list[Any], origin_data: str | None, follow: bool
+    ) -> None:
+        for event_id, step, kind, layer, message in events:
+            history.events.append(Event(int(step), kind, layer, message))
+            if follow:
+                self._last_event = int(event_id)
+        if origin_data is not None and history.first_nonfinite is None:
+            data = json.loads(origin_data)
+            known = {f.name for f in dataclasses.fields(Origin)}
+            history.first_nonfinite = Origin(**{k: v for k, v in data.items() if k in known})
+
+    # -- lazy reading -----------------------------------------------------------------
+    def read_statistic(
+        self,
+        statistic: str,
+        layer: str,
+        start_row: int = 0,
+        stop_row: int | None = None,
+        stride: int = 1,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One layer's ``statistic`` (or ``"status"``) over rows ``start_row:stop_row:stride``
+        at full resolution, without loading anything else: ``(steps, values)``, with
+        ``MISSING`` (``STATUS_MISSING`` for status) where the layer was not watched."""
+        if statistic not in (*STATISTICS, "status"):
+            raise GradScopeError(
+                f"unknown statistic {statistic!r}; one of {', '.join((*STATISTICS, 'status'))}"
+            )
+        self._refresh_layers()
+        if layer not in self._layer_names:
+            raise GradScopeError(f"the recording has no layer {layer!r}")
+        position = self._layer_names.index(layer)
+        dtype = np.uint8 if statistic == "status" else np.float32
+        size = np.dtype(dtype).itemsize
+        stride = max(1, int(stride))
+        connection = self._connection
+        try:
+            connection.execute("BEGIN")  # one snapshot for both queries
+            try:
+                stop = self.row_count() if stop_row is None else stop_row
+                window = "s.row >= ? AND s.row < ? AND (s.row - ?) % ? = 0"
+                bounds = (start_row, stop, start_row, stride)
+                table = np.array(
+                    connection.execute(
+                        f"SELECT s.row, s.step FROM steps AS s WHERE {window} ORDER BY s.row",
+                        bounds,
+                    ).fetchall(),
+                    dtype=np.int64,
+                ).reshape(-1, 2)
+                values = np.full(
+                    len(table), STATUS_MISSING if statistic == "status" else MISSING, dtype=dtype
+                )
+                for set_id, positions in self._sets.items():
+                    hits = np.flatnonzero(positions == position)
+                    if not len(hits):
+                        continue
+                    # Only the layer's 4 bytes of each step's BLOB leave SQLite.
+                    found = connection.execute(
+                        f"SELECT s.row, substr(v.data, ?, ?) FROM steps AS s "
+                        f"JOIN {statistic} AS v ON v.row = s.row "
+                        f"WHERE s.layer_set = ? AND {window} ORDER BY s.row",
+                        (int(hits[0]) * size + 1, size, set_id, *bounds),
+                    ).fetchall()
+                    if found:
+                        rows = np.fromiter((r for r, _ in found), dtype=np.int64, count=len(found))
+                        flat = np.frombuffer(b"".join(b for _, b in found), dtype=dtype)
+                        if len(flat) != len(found):
+                            raise ValueError(f"{statistic} values do not match their layers")
+                        values[np.searchsorted(table[:, 0], rows)] = flat
+            finally:
+                connection.execute("COMMIT")
+        except sqlite3.DatabaseError as error:
+            raise _damaged(self.path, error) from None
+        except ValueError as error:
+            raise _damaged(self.path, error) from None
+        return table[:, 1].copy(), values

@@ -11,7 +11,7 @@ Measures, on this machine's CPU:
    onset events, batched SQLite commits), measured with ``time.thread_time``;
 3. ``sustained``: wall time per step of appending a long run as fast as possible and
    flushing it (the writer keeping up, nothing dropped);
-4. ``collect``: a real 500-layer model, ``RecordingWatch.collect`` against
+4. ``collect``: a real 500-layer model, ``GradientWatch.collect`` with ``record=`` against
    ``GradientWatch.collect``, alternating step by step; the median of the paired
    differences is what recording adds to a step, writer thread included (it competes for
    the GIL and the CPU);
@@ -49,7 +49,6 @@ if str(ROOT) not in sys.path:
 from gradscope.core.module_tree import build_module_tree  # noqa: E402
 from gradscope.core.recording import (  # noqa: E402
     RecordingReader,
-    RecordingWatch,
     RecordingWriter,
 )
 from gradscope.core.watch import GradientWatch  # noqa: E402
@@ -109,7 +108,7 @@ def measure_collect(pairs: int, folder: Path) -> dict:
     model = deep_model()
     x = torch.randn(4, 16)
     plain = GradientWatch(model)
-    recording = RecordingWatch(model, record=folder / "collect.gsrec")
+    recording = GradientWatch(model, record=folder / "collect.gsrec")
     times: dict[str, list[float]] = {"plain": [], "recording": []}
     for pair in range(pairs + 5):
         order = (("plain", plain), ("recording", recording))

@@ -26,24 +26,22 @@ def watch(
     settings: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> GradientWatch:
-    """Watch ``model``'s gradients: call ``.collect()`` after each ``loss.backward()``.
+    """Watch ``model``'s gradients: call ``.collect(loss)`` after each ``loss.backward()``.
 
     ``layers`` is None (every module that owns parameters) or names/glob patterns of
-    ``model.named_modules()``. See :class:`gradscope.core.watch.GradientWatch` for options.
+    ``model.named_modules()``. ``model`` may be wrapped (DDP, ``torch.compile``).
+
+    ``stats = watch.collect(loss, locate=lambda: criterion(model(x), y))`` returns the
+    step's statistics; on the first step of each NaN/Inf episode ``stats.origin`` says where
+    it came from (module, operation, line), found by re-running the step through
+    ``locate``. The re-run never raises into your loop, never runs a collective, and is
+    bounded in time. See :class:`gradscope.core.watch.GradientWatch` for every option.
 
     ``record="runs/exp1.gsrec"`` also writes every collected step to that recording file
-    (with ``settings``, an optional JSON-able dict, stored alongside; ``overwrite=True``
-    replaces an existing recording): see :class:`gradscope.core.recording.RecordingWatch`.
-    Call ``.close()`` at the end (or use ``with``) so the last steps are flushed.
+    (with ``settings``, an optional JSON-able dict, stored alongside; an existing file gets
+    a new numbered name, unless ``overwrite=True``). Call ``.close()`` at the end (or use
+    ``with``) so the last steps are flushed.
     """
-    if record is None:
-        if settings is not None:
-            from gradscope.core.errors import GradScopeError
+    from gradscope.core.watch import GradientWatch
 
-            raise GradScopeError("settings= is stored in a recording; pass record= too")
-        from gradscope.core.watch import GradientWatch
-
-        return GradientWatch(model, layers=layers, **options)
-    from gradscope.core.recording import RecordingWatch
-
-    return RecordingWatch(model, layers, record=record, settings=settings, **options)
+    return GradientWatch(model, layers, record=record, settings=settings, **options)

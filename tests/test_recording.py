@@ -29,7 +29,6 @@ from gradscope.core.origin import Origin
 from gradscope.core.recording import (
     FORMAT_VERSION,
     RecordingReader,
-    RecordingWatch,
     RecordingWriter,
     write_csv,
 )
@@ -69,7 +68,7 @@ def train(watch, model, steps, history=None, *, explode_at=None, break_at=None, 
         optimizer.zero_grad()
         loss = compute_loss()
         loss.backward()
-        if isinstance(watch, RecordingWatch) and locate:
+        if locate:
             stats = watch.collect(loss, locate=compute_loss)
         else:
             stats = watch.collect(loss)
@@ -96,7 +95,7 @@ def test_round_trip_values_statuses_events_and_origin(tmp_path):
     live = RunHistory()
     settings = {"lr": 0.05, "note": "round trip"}
     with gradscope.watch(model, record=path, settings=settings, explode_threshold=1e3) as watch:
-        assert isinstance(watch, RecordingWatch)
+        assert watch.recording is not None and watch.path == path
         collected = train(watch, model, 12, live, explode_at=4, break_at=9)
 
     with RecordingReader(path) as reader:
@@ -169,9 +168,19 @@ def test_update_ratio_and_origin_without_locate(tmp_path):
 def test_record_needs_a_new_file_unless_overwrite(tmp_path):
     path = tmp_path / "twice.gsrec"
     model = small_model()
-    gradscope.watch(model, record=path).close()
-    with pytest.raises(GradScopeError, match="already exists"):
-        gradscope.watch(model, record=path)
+    with gradscope.watch(model, record=path) as watch:
+        train(watch, model, 1)
+    # A second run of the same script must not crash: it records next to the first.
+    with pytest.warns(UserWarning, match="already exists; recording to .*twice-1.gsrec") as seen:
+        second = gradscope.watch(model, record=path)
+    assert seen[0].filename == __file__  # the warning points at the user's line
+    with second:
+        train(second, model, 3)
+    assert second.path == tmp_path / "twice-1.gsrec"
+    assert RecordingReader(path).load()[1].count == 1
+    assert RecordingReader(second.path).load()[1].count == 3
+    with pytest.warns(UserWarning, match="twice-2.gsrec"):
+        gradscope.watch(model, record=path).close()
     with gradscope.watch(model, record=path, overwrite=True) as watch:
         train(watch, model, 2)
     assert RecordingReader(path).load()[1].count == 2

@@ -160,4 +160,6 @@ def test_history_rewind_forgets_the_old_branch():
     assert list(history.steps) == [0, 1, 2, 3]
     assert history.worst(names[0]) == "exploding"  # from the steps that remain
     history.rewind_to(0)
-    assert history.count == 0 and history.events == [] and history.worst(names[0]) == "ok"
+    # No step left: each layer's worst status is back to the lowest one, which any step's
+    # status replaces.
+    assert history.count == 0 and history.events == [] and history.worst(names[0]) == "frozen"

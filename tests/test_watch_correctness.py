@@ -14,6 +14,8 @@ from torch import nn
 from gradscope.core import watch as watch_module
 from gradscope.core.watch import (
     STATUS_EXPLODING,
+    STATUS_NAMES,
+    STATUS_NO_GRADIENT,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_VANISHING,
@@ -153,7 +155,9 @@ def test_parameters_without_gradients():
     assert model.unused.weight.grad is None
     assert stats.grad_norm[unused] == 0.0
     assert stats.max_abs[unused] == 0.0
-    assert stats.status[unused] == STATUS_VANISHING
+    # It requires a gradient but got none: "no gradient", not a vanishing one.
+    assert stats.status[unused] == STATUS_NO_GRADIENT
+    assert STATUS_NAMES[stats.status[unused]] == "no gradient"
     assert stats.nan_count[unused] == 0 and stats.inf_count[unused] == 0
     others = np.arange(len(watch.layers)) != unused
     assert (stats.status[others] == STATUS_OK).all()
@@ -174,7 +178,7 @@ def test_parameters_without_gradients():
     model.zero_grad(set_to_none=True)
     stats = watch.collect()
     assert (stats.grad_norm == 0).all() and stats.total_grad_norm == 0.0
-    assert (stats.status == STATUS_VANISHING).all()
+    assert (stats.status == STATUS_NO_GRADIENT).all()
     assert not stats.nonfinite
 
 

@@ -57,7 +57,7 @@ def status_onsets(
     GROUPED_ONSETS layers turn bad together (a NaN spreading through the whole model) they
     make one event, named after the first of them in forward order."""
     status = np.asarray(status)
-    changed = np.flatnonzero((status != before) & (status != STATUS_OK))
+    changed = np.flatnonzero((status != before) & (status > STATUS_OK))
     events: list[Event] = []
     for code in sorted(set(status[changed].tolist())):
         indices = changed[status[changed] == code].tolist()
@@ -221,7 +221,7 @@ class RunHistory:
         before = np.empty_like(status)
         before[0] = [self._previous_status.get(name, STATUS_OK) for name in layer_names]
         before[1:] = status[:-1]
-        for row in np.flatnonzero(((status != before) & (status != STATUS_OK)).any(axis=1)):
+        for row in np.flatnonzero(((status != before) & (status > STATUS_OK)).any(axis=1)):
             step, stats = steps[row][0], all_stats[row]
             self.events.extend(
                 status_onsets(step, layer_names, status[row], before[row], stats.grad_norm))

@@ -22,7 +22,7 @@ from torch import nn
 from gradscope.core.errors import BatchMismatchError, GradScopeError, ModelScriptError
 from gradscope.core.loading import LoadedModel, user_traceback
 from gradscope.core.module_tree import ModuleTree, build_module_tree
-from gradscope.core.origin import Origin, locate_first_nonfinite, origin_from_statistics
+from gradscope.core.origin import Origin
 from gradscope.core.settings import RunSettings
 from gradscope.core.trace import TraceEvent, trace_step
 from gradscope.core.watch import GradientWatch, StepStats
@@ -322,22 +322,24 @@ class StepRunner:
                 loss = self._forward_backward(inputs, target)
         else:
             loss = self._forward_backward(inputs, target)
-        stats = self.watch.collect(loss) if self.watch is not None else None
+        stats = None
+        if self.watch is not None:
+            self.watch.optimizers = [self.optimizer]
+            stats = self.watch.collect(
+                loss, locate=self._relocate(inputs, target, rng_before), batch=(inputs, target)
+            )
         loss_value = stats.loss if stats is not None else float(loss.detach())
-        origin = None
         result = StepResult(
             step=step,
             loss=float(loss_value),
             stats=stats,
-            origin=None,
+            origin=stats.origin if stats is not None else None,
             applied=False,
             seconds=0.0,
             trace=trace.events if trace is not None else None,
         )
-        if result.nonfinite and self.first_nonfinite is None and stats is not None:
-            origin = self._locate(step, inputs, target, rng_before, stats)
-            self.first_nonfinite = origin
-            result.origin = origin
+        if result.origin is not None and self.first_nonfinite is None:
+            self.first_nonfinite = result.origin
         result.seconds = time.perf_counter() - started
         self._computed = result
         return result
@@ -437,26 +439,15 @@ class StepRunner:
         self._computed = None
         self.halted = False
 
-    def _locate(
-        self, step: int, inputs: Any, target: Any, rng_before: Any, stats: StepStats
-    ) -> Origin:
-        rng_after = _capture_rng(self.device)
-        _restore_rng(rng_before, self.device)
-        try:
-            origin = locate_first_nonfinite(self.model, lambda: self._loss(inputs, target), step)
-        finally:
-            _restore_rng(rng_after, self.device)
-        if origin is not None:
-            if origin.phase == "update":
-                # the weights were written by the last applied optimizer step
-                origin.step = step - 1
-                origin.op = f"{type(self.optimizer).__name__}.step"
-                from gradscope.core.diagnosis import hint_for
+    def _relocate(self, inputs: Any, target: Any, rng_before: Any) -> Any:
+        """The watch's ``locate`` for this step: the same batch, from the random state the
+        step started with (dropout draws the same masks)."""
 
-                origin.details["hint"] = hint_for(origin)
-            return origin
-        # The re-run stayed finite (a non-deterministic kernel?): say what is known.
-        return origin_from_statistics(stats)
+        def locate() -> torch.Tensor:
+            _restore_rng(rng_before, self.device)
+            return self._loss(inputs, target)
+
+        return locate
 
     def run(self, steps: int | None = None) -> Iterator[StepResult]:
         """Up to ``steps`` (default: the settings') steps; stops early when halted."""

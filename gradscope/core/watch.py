@@ -19,18 +19,34 @@ what the same reads cost by plain torch calls (see ``benchmarks/overhead.py``, `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from gradscope.core.errors import GradScopeError
 from gradscope.core.module_tree import select_layers
+from gradscope.core.origin import Origin
+from gradscope.core.safe_locate import locate_safely, statistics_origin
+from gradscope.core.user_warnings import warn_user
+from gradscope.core.wrappers import unwrap_model
 
-STATUS_OK, STATUS_VANISHING, STATUS_EXPLODING, STATUS_NONFINITE = 0, 1, 2, 3
-STATUS_NAMES = ("ok", "vanishing", "exploding", "nonfinite")
+# Ordered by severity, so the worst status of a layer over steps is their maximum: a layer
+# that is frozen or got no gradient is less alarming than one that is ok.
+(
+    STATUS_FROZEN,
+    STATUS_NO_GRADIENT,
+    STATUS_OK,
+    STATUS_VANISHING,
+    STATUS_EXPLODING,
+    STATUS_NONFINITE,
+) = range(6)
+STATUS_NAMES = ("frozen", "no gradient", "ok", "vanishing", "exploding", "nonfinite")
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # Gradients whose sums of squares the CPU path takes as dot products.
@@ -51,6 +67,9 @@ class LayerInfo:
     type_name: str
     param_names: tuple[str, ...]
     num_params: int
+    # Parameters this layer shares with a layer listed before it (tied weights): their
+    # gradients are in this layer's statistics, their count is in the earlier layer's.
+    tied: tuple[str, ...] = ()
 
 
 @dataclass
@@ -60,6 +79,8 @@ class StepStats:
     Arrays are indexed like ``GradientWatch.layers`` (per layer) or
     ``GradientWatch.param_names`` (per parameter). ``update_ratio`` is None until the
     optimizer step it measures has run (and stays None when the option is off).
+    ``origin``: where this step's NaN/Inf came from, on the first step of each NaN/Inf
+    episode (None on every other step).
     """
 
     step: int
@@ -75,13 +96,16 @@ class StepStats:
     update_ratio: np.ndarray | None = None
     loss_nonfinite: bool = False
     unwatched_nonfinite: bool = False
+    origin: Origin | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nonfinite(self) -> bool:
         """True when anything of this step, watched or not, is NaN or Inf."""
-        return self.loss_nonfinite or self.unwatched_nonfinite or bool(
-            (self.status == STATUS_NONFINITE).any()
+        return (
+            self.loss_nonfinite
+            or self.unwatched_nonfinite
+            or bool((self.status == STATUS_NONFINITE).any())
         )
 
 
@@ -100,6 +124,11 @@ def classify(
     return status
 
 
+def is_flagged(status: np.ndarray | int) -> np.ndarray | bool:
+    """Statuses worth an alarm: vanishing, exploding, nonfinite."""
+    return np.asarray(status) > STATUS_OK
+
+
 @dataclass
 class _Group:
     """Parameters sharing a device and dtype when the watch was made: one batch of calls
@@ -111,6 +140,9 @@ class _Group:
     index_array: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
     # Positions (in ``params``) of parameters with no elements: aminmax cannot reduce them.
     empty: frozenset[int] = frozenset()
+    # Parameters of modules that can make sparse gradients (``nn.Embedding(sparse=True)``):
+    # only these groups look at a gradient's layout.
+    sparse_capable: bool = False
 
     def freeze(self) -> _Group:
         self.index_array = np.asarray(self.indices, dtype=np.intp)
@@ -122,12 +154,12 @@ class _Group:
 class _Entry:
     """Where one group's numbers sit in its device's vector (see ``GradientWatch.launch``).
 
-    ``present`` is None when every parameter of the group had a gradient. ``squared``:
-    the gradient and weight figures are sums of squares (CPU dot products), not norms.
-    Layout, ``interleaved`` (CPU): a (figure, min, max) triple per present gradient (min and
-    max from aminmax), then one figure per weight of the group. Otherwise (fused): the
-    gradient figures, then the weights', then max |g| of the non-empty gradients.
-    Unwatched entries hold gradient figures only.
+    ``present``: positions (in the group) of the parameters that have a gradient this step,
+    None when all of them do. ``squared``: the gradient and weight figures are sums of
+    squares (CPU dot products), not norms. Layout, ``interleaved`` (CPU): a (figure, min, max)
+    triple per present gradient (min and max from aminmax), then one figure per present
+    weight. Otherwise (fused): the gradient figures, then the present weights', then max |g|
+    of the non-empty gradients. Unwatched entries hold gradient figures only.
     """
 
     kind: str
@@ -144,10 +176,18 @@ def _norm_dtype(tensor: torch.Tensor) -> torch.dtype | None:
     return torch.float32 if tensor.dtype in _HALF_DTYPES else None
 
 
+def _values(grad: torch.Tensor) -> torch.Tensor:
+    """The numbers of a gradient: a sparse gradient's stored values, a complex one's moduli
+    (so that max |g| and the NaN/Inf counts read what they say)."""
+    if grad.layout != torch.strided:
+        grad = grad.coalesce().values()
+    return grad.abs() if grad.is_complex() else grad
+
+
 def _exact_norm(grad: torch.Tensor) -> float:
     """L2 norm in float64, scaled by max |g| so that neither the squares of huge elements
     overflow nor those of tiny ones underflow. For the rare parameters flagged in resolve."""
-    grad = grad.detach().double()
+    grad = _values(grad.detach()).double()
     scale = float(grad.abs().max()) if grad.numel() else 0.0
     if scale == 0.0 or not np.isfinite(scale):
         return float(torch.linalg.vector_norm(grad))
@@ -167,16 +207,50 @@ def _sum_squares(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-class GradientWatch:
-    """Collect per-layer gradient statistics after each backward pass.
+def loss_tensor(value: Any) -> torch.Tensor | None:
+    """The loss in what a training step has: a tensor, or a model output that carries its
+    loss (a dict with ``"loss"``, a dataclass or transformers ``ModelOutput`` with ``.loss``)."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("loss"), torch.Tensor):
+        return value["loss"]
+    loss = getattr(value, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    raise TypeError(
+        f"collect() takes the loss as a tensor or a model output with a 'loss' "
+        f"(a dict or an object with .loss), not {type(value).__name__}"
+    )
 
-    ``layers``: None (every module owning trainable parameters), or module names / glob
-    patterns. A selected module that owns no parameters of its own is watched over its
-    whole subtree's parameters. Thresholds classify each layer as ok, vanishing (norm below
-    ``vanish_threshold``), exploding (above ``explode_threshold``) or nonfinite.
+
+class GradientWatch:
+    """Collect per-layer gradient statistics after each backward pass, and say where each
+    NaN/Inf came from.
+
+    ``layers``: None (every module owning parameters, frozen ones included: their status is
+    ``frozen`` until they are unfrozen), or module names / glob patterns. A selected module
+    that owns no parameters of its own is watched over its whole subtree's parameters.
+    Thresholds classify each layer as ok, vanishing (norm below ``vanish_threshold``),
+    exploding (above ``explode_threshold``) or nonfinite; a layer whose parameters got no
+    gradient this step is ``no gradient``, one whose parameters are all frozen ``frozen``.
     ``update_ratio=True`` also measures ||Δw||/||w|| of each optimizer step; pass
-    ``optimizer`` so that happens by itself (otherwise call :meth:`measure_update` after
-    ``optimizer.step()``); it costs a copy of the watched weights and one more transfer.
+    ``optimizer`` (or a list of them) so that happens by itself (otherwise call
+    :meth:`measure_update` after ``optimizer.step()``); it costs a copy of the watched
+    weights and one more transfer.
+
+    ``model`` may be wrapped (DistributedDataParallel, DataParallel, ``torch.compile``):
+    layer names are those of the model inside, and the diagnosis re-run calls that model
+    directly (no collective, no recompilation).
+
+    NaN/Inf: the first step of each NaN/Inf episode (a non-finite step after a finite one)
+    gets ``stats.origin``. With ``locate`` given to :meth:`collect` the step is re-run with
+    instruments (module, op, line); at most ``max_located`` episodes are re-run per watch,
+    each for at most ``locate_timeout`` seconds. The re-run never raises into the training
+    loop and never runs a collective (see :mod:`gradscope.core.safe_locate`).
+
+    ``record="runs/x.gsrec"`` adds a recording sink (``settings``: a JSON-able dict stored
+    with it; ``overwrite=True`` replaces an existing recording, otherwise a new numbered name
+    is chosen); ``sinks`` are further objects with ``on_step(watch, stats)`` and ``close()``.
     """
 
     def __init__(
@@ -187,72 +261,141 @@ class GradientWatch:
         explode_threshold: float = 1000.0,
         vanish_threshold: float = 1e-7,
         update_ratio: bool = False,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+        locate_timeout: float = 120.0,
+        max_located: int = 20,
+        record: str | os.PathLike[str] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        commit_seconds: float = 1.0,
+        sinks: Sequence[Any] = (),
     ) -> None:
+        self.wrapped_model = model
+        model = unwrap_model(model)
         self.model = model
         self.explode_threshold = float(explode_threshold)
         self.vanish_threshold = float(vanish_threshold)
         self.update_ratio_enabled = update_ratio
+        self.locate_timeout = float(locate_timeout)
+        self.max_located = int(max_located)
         if isinstance(layers, str):
             layers = [layers]
         names = select_layers(model, layers)
         modules = dict(model.named_modules())
-        qualified = {id(p): n for n, p in model.named_parameters()}
+        qualified = {id(p): n for n, p in model.named_parameters(remove_duplicate=True)}
+        sparse_capable = {
+            id(p)
+            for m in model.modules()
+            if getattr(m, "sparse", False) is True
+            for p in m.parameters(recurse=False)
+        }
 
         self.layers: list[LayerInfo] = []
         self._params: list[torch.Tensor] = []
         self.param_names: list[str] = []
         index_of: dict[int, int] = {}
+        owner: dict[int, str] = {}
         members: list[int] = []
         offsets: list[int] = []
         for name in names:
             module = modules[name]
-            own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-            covered = own or [p for p in module.parameters() if p.requires_grad]
+            covered = list(module.parameters(recurse=False)) or list(module.parameters())
             offsets.append(len(members))
+            tied = []
             for p in covered:
                 if id(p) not in index_of:
                     index_of[id(p)] = len(self._params)
                     self._params.append(p)
                     self.param_names.append(qualified[id(p)])
+                    owner[id(p)] = name
+                elif owner[id(p)] != name:
+                    tied.append(qualified[id(p)])
                 members.append(index_of[id(p)])
             self.layers.append(
                 LayerInfo(
                     name=name,
                     type_name=type(module).__name__,
                     param_names=tuple(qualified[id(p)] for p in covered),
-                    num_params=sum(p.numel() for p in covered),
+                    num_params=sum(p.numel() for p in covered if qualified[id(p)] not in tied),
+                    tied=tuple(tied),
                 )
             )
         self._members = np.asarray(members, dtype=np.intp)
         self._offsets = np.asarray(offsets, dtype=np.intp)
-        # Unwatched trainable parameters still count towards the total norm, so a NaN
-        # anywhere in the model is noticed even when only a few layers are watched.
-        self._unwatched = [
-            p for p in model.parameters() if p.requires_grad and id(p) not in index_of
-        ]
-        self._groups = self._group(self._params)
-        self._unwatched_groups = self._group(self._unwatched)
-        self._step = 0
-        self._weights_before: list[tuple[_Group, list[torch.Tensor]]] | None = None
-        self.last: StepStats | None = None
-        self._handles: list[Any] = []
-        if optimizer is not None and update_ratio:
-            self._handles.append(
-                optimizer.register_step_post_hook(lambda *_: self.measure_update())
+        self._layer_sizes = np.diff(np.append(self._offsets, len(members)))
+        # Unwatched parameters still count towards the total norm when they have gradients,
+        # so a NaN anywhere in the model is noticed even when only a few layers are watched.
+        self._unwatched = [p for p in model.parameters() if id(p) not in index_of]
+        self._groups = self._group(self._params, sparse_capable)
+        self._unwatched_groups = self._group(self._unwatched, sparse_capable)
+        # Weight figures of parameters without a gradient are not read again each step
+        # (a frozen backbone's weights do not change): the last ones read stand for them.
+        self._weight_norm = self._read_weight_norms()
+        if layers is not None and names and not any(p.requires_grad for p in self._params):
+            warn_user(
+                f"gradscope.watch: layers={list(layers)!r} match only frozen layers "
+                "(requires_grad=False); they show as frozen until they are unfrozen"
             )
+        self._step = 0
+        self._weights_before: list[tuple[np.ndarray, list, list[torch.Tensor]]] | None = None
+        self.last: StepStats | None = None
+        self.origins: list[Origin] = []
+        self._located = 0
+        self._in_episode = False
+        self._handles: list[Any] = []
+        # The optimizers that write the weights: an "update" origin names them, and with
+        # update_ratio their steps are measured. A runner that replaces its optimizer
+        # updates this list.
+        if optimizer is None:
+            self.optimizers: list[torch.optim.Optimizer] = []
+        elif isinstance(optimizer, (list, tuple)):
+            self.optimizers = list(optimizer)
+        else:
+            self.optimizers = [optimizer]
+        if update_ratio:
+            for each in self.optimizers:
+                self._handles.append(each.register_step_post_hook(lambda *_: self.measure_update()))
+        self._sinks: list[Any] = list(sinks)
+        self.recording: Any = None
+        if record is not None:
+            from gradscope.core.recording.sink import RecordingSink
+
+            try:
+                sink = RecordingSink(
+                    self,
+                    record,
+                    settings,
+                    overwrite=overwrite,
+                    commit_seconds=commit_seconds,
+                )
+            except BaseException:
+                self.close()
+                raise
+            self.recording = sink.writer
+            self._sinks.append(sink)
+        elif settings is not None:
+            raise GradScopeError("settings= is stored in a recording; pass record= too")
 
     # -- grouping ---------------------------------------------------------------------
     @staticmethod
-    def _group(params: Sequence[torch.Tensor]) -> list[_Group]:
-        groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
+    def _group(params: Sequence[torch.Tensor], sparse_capable: set[int]) -> list[_Group]:
+        groups: dict[tuple[torch.device, torch.dtype, bool], _Group] = {}
         for index, p in enumerate(params):
-            key = (p.device, p.dtype)
+            sparse = id(p) in sparse_capable
+            key = (p.device, p.dtype, sparse)
             if key not in groups:
-                groups[key] = _Group([], [])
+                groups[key] = _Group([], [], sparse_capable=sparse)
             groups[key].indices.append(index)
             groups[key].params.append(p)
         return [group.freeze() for group in groups.values()]
+
+    @torch.no_grad()
+    def _read_weight_norms(self) -> np.ndarray:
+        norms = np.zeros(len(self._params))
+        for group in self._groups:
+            values = torch._foreach_norm(group.params, 2, dtype=_norm_dtype(group.params[0]))
+            norms[group.index_array] = torch.stack(values).double().cpu().numpy()
+        return norms
 
     @property
     def step(self) -> int:
@@ -261,12 +404,24 @@ class GradientWatch:
 
     @step.setter
     def step(self, value: int) -> None:
-        # A runner that replaces or rewinds its watch keeps the step numbering going.
+        # A runner that replaces or rewinds its watch keeps the step numbering going; a
+        # rewound run starts a new timeline, so a NaN after it is a new episode.
         self._step = int(value)
+        self._in_episode = False
+
+    @property
+    def first_origin(self) -> Origin | None:
+        """The origin of the first NaN/Inf episode, or None."""
+        return self.origins[0] if self.origins else None
+
+    @property
+    def path(self) -> Path | None:
+        """The recording's path, when the watch records."""
+        return self.recording.path if self.recording is not None else None
 
     # -- collection -------------------------------------------------------------------
     @torch.no_grad()
-    def launch(self, loss: torch.Tensor | None = None) -> list[tuple[torch.Tensor, list, Any]]:
+    def launch(self, loss: Any = None) -> list[tuple[torch.Tensor, list, Any]]:
         """Queue every statistic's computation and the device-to-host copies; no host
         synchronisation happens here (checked on CUDA by the benchmark and tests).
 
@@ -277,8 +432,10 @@ class GradientWatch:
         gradients). On CPU, where ``_foreach_norm`` is a loop of single-threaded norms and
         ord inf is 7x slower still, it is a BLAS dot product per tensor (sum of squares) and
         one ``aminmax`` per gradient; sums of squares that overflow or underflow float are
-        recomputed exactly in :meth:`resolve` (rare steps only).
+        recomputed exactly in :meth:`resolve` (rare steps only). Only parameters that have a
+        gradient are read: a frozen backbone costs nothing.
         """
+        loss = loss_tensor(loss)
         parts: dict[torch.device, list[torch.Tensor]] = {}
         layout: dict[torch.device, list[_Entry]] = {}
         copy_weights = self.update_ratio_enabled
@@ -287,10 +444,15 @@ class GradientWatch:
             params = group.params
             grads = [p.grad for p in params]
             present = None
-            if any(g is None for g in grads):
+            if None in grads:
                 present = [i for i, g in enumerate(grads) if g is not None]
+                if not present:
+                    continue
                 grads = [grads[i] for i in present]
-            sample = grads[0] if grads else params[0]
+                params = [params[i] for i in present]
+            if group.sparse_capable:
+                grads = [_values(g) for g in grads]
+            sample = grads[0]
             device = sample.device
             pieces = parts.setdefault(device, [])
             norm_dtype = _norm_dtype(sample)
@@ -308,9 +470,9 @@ class GradientWatch:
                     else:
                         pieces.append(torch.linalg.vector_norm(g, dtype=norm_dtype))
                     if g.numel():
-                        pieces += torch.aminmax(g)
+                        pieces += torch.aminmax(g.abs() if g.is_complex() else g)
                     else:
-                        pieces += (g.new_zeros(()), g.new_zeros(()))
+                        pieces += (g.new_zeros((), dtype=pieces[-1].dtype),) * 2
                 if squared:
                     pieces += _sum_squares(params)
                 else:
@@ -318,7 +480,7 @@ class GradientWatch:
             else:
                 pieces += torch._foreach_norm(grads + params, 2, dtype=norm_dtype)
                 if group.empty:
-                    positions = present if present is not None else range(len(params))
+                    positions = present if present is not None else range(len(group.params))
                     nonempty = [k for k, i in enumerate(positions) if i not in group.empty]
                     grads = [grads[k] for k in nonempty]
                 if grads:
@@ -328,7 +490,7 @@ class GradientWatch:
                     "watched",
                     group,
                     present,
-                    len(params) if present is None else len(present),
+                    len(params),
                     nonempty,
                     squared,
                     interleaved=on_cpu,
@@ -336,12 +498,15 @@ class GradientWatch:
                 )
             )
             if copy_weights:
-                self._weights_before.append((group, torch._foreach_mul(params, 1.0)))
+                indices = group.index_array if present is None else group.index_array[present]
+                self._weights_before.append((indices, params, torch._foreach_mul(params, 1.0)))
         for group in self._unwatched_groups:
             present = [i for i, p in enumerate(group.params) if p.grad is not None]
             if not present:
                 continue
             grads = [group.params[i].grad for i in present]
+            if group.sparse_capable:
+                grads = [_values(g) for g in grads]
             device = grads[0].device
             squared = device.type in _PER_TENSOR_DEVICES and grads[0].dtype in _DOT_DTYPES
             if squared:
@@ -354,7 +519,8 @@ class GradientWatch:
             )
         if loss is not None:
             device = loss.device
-            parts.setdefault(device, []).append(loss.detach().reshape(()))
+            value = loss.detach().reshape(())
+            parts.setdefault(device, []).append(value.real if value.is_complex() else value)
             layout.setdefault(device, []).append(_Entry("loss"))
         transfers = []
         for device, pieces in parts.items():
@@ -372,13 +538,21 @@ class GradientWatch:
         return transfers
 
     @torch.no_grad()
-    def resolve(self, transfers: list) -> StepStats:
-        """Wait for the copies queued by :meth:`launch` (the step's one synchronisation) and
-        turn them into per-layer numpy statistics."""
+    def resolve(
+        self,
+        transfers: list,
+        *,
+        locate: Callable[[], Any] | None = None,
+        batch: Any = None,
+    ) -> StepStats:
+        """Wait for the copies queued by :meth:`launch` (the step's one synchronisation),
+        turn them into per-layer numpy statistics, find the origin of a new NaN/Inf episode
+        and hand the step to the sinks."""
         n_params = len(self._params)
         param_norm = np.zeros(n_params)
         param_max = np.zeros(n_params)
-        param_weight = np.zeros(n_params)
+        param_weight = self._weight_norm
+        has_grad = np.zeros(n_params, dtype=bool)
         unwatched_sq = 0.0
         unwatched_bad: list[tuple[_Group, list[int]]] = []
         imprecise: list[np.ndarray] = []
@@ -412,13 +586,14 @@ class GradientWatch:
                 indices = group.index_array
                 if entry.present is not None:
                     indices = indices[entry.present]
-                weights = values[cursor : cursor + len(group.params)]
-                cursor += len(group.params)
+                weights = values[cursor : cursor + count]
+                cursor += count
                 if entry.squared:
                     grad_figures = np.sqrt(grad_figures)
                     weights = np.sqrt(weights)
                 param_norm[indices] = grad_figures
-                param_weight[group.index_array] = weights
+                param_weight[indices] = weights
+                has_grad[indices] = True
                 if entry.interleaved:
                     maxima = np.maximum(triples[:, 2], -triples[:, 1])
                 else:
@@ -440,9 +615,10 @@ class GradientWatch:
             self._count_nonfinite(
                 np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
             )
-        for indices in imprecise:
-            for index in indices:
-                param_norm[index] = _exact_norm(self._params[index].grad)
+        if imprecise:
+            # One host read for all of them (a vanishing step flags many parameters).
+            flagged = np.concatenate(imprecise)
+            param_norm[flagged] = self._exact_norms([self._params[i].grad for i in flagged])
         if unwatched_bad:
             unwatched_sq += self._unwatched_squares(unwatched_bad)
 
@@ -454,13 +630,17 @@ class GradientWatch:
                 weight_norm = np.sqrt(np.add.reduceat(np.square(param_weight[members]), offsets))
                 nan_count = np.add.reduceat(nan_per_param[members], offsets)
                 inf_count = np.add.reduceat(inf_per_param[members], offsets)
+                with_grad = np.add.reduceat(has_grad[members].astype(np.intp), offsets)
             else:
                 grad_norm = max_abs = weight_norm = np.zeros(0)
-                nan_count = inf_count = np.zeros(0, dtype=np.int64)
+                nan_count = inf_count = with_grad = np.zeros(0, dtype=np.int64)
             total = float(np.sqrt(np.sum(np.square(param_norm)) + unwatched_sq))
         status = classify(
             grad_norm, nan_count + inf_count, self.explode_threshold, self.vanish_threshold
         )
+        without = np.flatnonzero(with_grad == 0)
+        if len(without):
+            status[without] = self._absent_status(without)
         stats = StepStats(
             step=self._step,
             loss=loss_value,
@@ -477,14 +657,83 @@ class GradientWatch:
         )
         self._step += 1
         self.last = stats
+        self._follow_episode(stats, locate, batch)
+        for sink in self._sinks:
+            sink.on_step(self, stats)
         return stats
 
-    def collect(self, loss: torch.Tensor | None = None) -> StepStats:
+    def collect(
+        self,
+        loss: Any = None,
+        *,
+        locate: Callable[[], Any] | None = None,
+        batch: Any = None,
+    ) -> StepStats:
         """This step's statistics. Call after ``loss.backward()`` and before
         ``optimizer.step()`` (and before any in-place clipping, to see the raw gradients).
-        Passing ``loss`` records it without a second synchronisation."""
-        return self.resolve(self.launch(loss))
 
+        ``loss``: the loss tensor, or the model output carrying it (``output.loss``); it is
+        recorded without a second synchronisation. ``locate``: a function that rebuilds this
+        step's loss from the same batch (``lambda: criterion(model(x), y)``, with the same
+        autocast and micro-batch); when this step starts a NaN/Inf episode it is re-run with
+        instruments and ``stats.origin`` says the module, operation and line. It is never
+        called on finite steps. ``batch``: the step's batch, checked for NaN/Inf data.
+        """
+        return self.resolve(self.launch(loss), locate=locate, batch=batch)
+
+    def _absent_status(self, layers: np.ndarray) -> np.ndarray:
+        """frozen (no parameter requires a gradient) or no gradient, for layers whose
+        parameters got none this step. Read now, so an unfrozen layer is picked up."""
+        status = np.empty(len(layers), dtype=np.uint8)
+        for k, layer in enumerate(layers.tolist()):
+            start = self._offsets[layer]
+            members = self._members[start : start + self._layer_sizes[layer]]
+            trainable = any(self._params[i].requires_grad for i in members.tolist())
+            status[k] = STATUS_NO_GRADIENT if trainable else STATUS_FROZEN
+        return status
+
+    # -- NaN/Inf episodes ---------------------------------------------------------------
+    def _follow_episode(
+        self, stats: StepStats, locate: Callable[[], Any] | None, batch: Any
+    ) -> None:
+        """A NaN/Inf episode starts at a non-finite step after a finite one; its first step
+        gets an origin (located by a re-run when ``locate`` is given)."""
+        if not stats.nonfinite:
+            self._in_episode = False
+            return
+        if self._in_episode:
+            return
+        self._in_episode = True
+        if locate is None:
+            origin = statistics_origin(stats, [layer.name for layer in self.layers])
+        elif self._located >= self.max_located:
+            origin = statistics_origin(stats, [layer.name for layer in self.layers])
+            origin.details["reason"] = (
+                f"not re-run: {self.max_located} NaN/Inf episodes were already located "
+                "(max_located)"
+            )
+        else:
+            self._located += 1
+            origin = locate_safely(
+                self.wrapped_model,
+                locate,
+                stats,
+                [layer.name for layer in self.layers],
+                batch=batch,
+                timeout=self.locate_timeout,
+            )
+        if origin.phase == "update":
+            # The weights were written by the last applied optimizer step.
+            origin.step = stats.step - 1
+            names = sorted({type(each).__name__ for each in self.optimizers})
+            origin.op = f"{'/'.join(names) or 'optimizer'}.step"
+            from gradscope.core.diagnosis import hint_for
+
+            origin.details["hint"] = hint_for(origin)
+        stats.origin = origin
+        self.origins.append(origin)
+
+    # -- exact figures on rare steps ----------------------------------------------------
     def _count_nonfinite(
         self,
         suspects: np.ndarray,
@@ -496,20 +745,46 @@ class GradientWatch:
         # tell a real Inf element from a sum of squares that overflowed.
         pairs = [
             torch.stack([g.isnan().sum(), g.isinf().sum()])
-            for g in (self._params[index].grad for index in suspects)
+            for g in (_values(self._params[index].grad) for index in suspects)
         ]
         counts = [pair.cpu().numpy() for pair in pairs]  # devices may differ
+        finite = []
         for index, (nans, infs) in zip(suspects, counts, strict=True):
             nan_out[index], inf_out[index] = int(nans), int(infs)
             if nans == 0 and infs == 0:
-                param_norm[index] = _exact_norm(self._params[index].grad)
+                finite.append(index)
+        if finite:
+            param_norm[finite] = self._exact_norms([self._params[i].grad for i in finite])
+
+    @staticmethod
+    def _exact_norms(grads: Sequence[torch.Tensor]) -> np.ndarray:
+        """:func:`_exact_norm` of several gradients with one host read per device: each is
+        scaled by its own max |g| so that no square overflows or underflows."""
+        out = np.zeros(len(grads))
+        by_device: dict[torch.device, list[int]] = {}
+        for k, grad in enumerate(grads):
+            by_device.setdefault(grad.device, []).append(k)
+        for positions in by_device.values():
+            figures = []
+            for k in positions:
+                values = _values(grads[k].detach()).double().reshape(-1)
+                if not values.numel():
+                    figures.append(values.new_zeros(2))
+                    continue
+                scale = values.abs().max()
+                safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+                figures.append(torch.stack([scale, torch.linalg.vector_norm(values / safe)]))
+            pairs = torch.stack(figures).cpu().numpy()
+            with np.errstate(invalid="ignore"):
+                out[positions] = pairs[:, 0] * pairs[:, 1]
+        return out
 
     @staticmethod
     def _unwatched_squares(bad: list[tuple[_Group, list[int]]]) -> float:
         total = 0.0
         for group, present in bad:
             for i in present:
-                grad = group.params[i].grad
+                grad = _values(group.params[i].grad)
                 if bool(torch.isfinite(grad).all()):
                     total += _exact_norm(grad) ** 2
                 else:
@@ -523,11 +798,10 @@ class GradientWatch:
             return None
         delta = np.zeros(len(self._params))
         pending = []
-        for group, before in self._weights_before:
-            now = group.params
+        for indices, now, before in self._weights_before:
             diffs = torch._foreach_sub(now, before)
             norms = torch._foreach_norm(diffs, 2, dtype=_norm_dtype(now[0]))
-            pending.append((group.index_array, torch.stack(norms)))
+            pending.append((indices, torch.stack(norms)))
         for indices, norms in pending:
             delta[indices] = norms.double().cpu().numpy()
         self._weights_before = None
@@ -542,10 +816,15 @@ class GradientWatch:
 
     # -- lifetime ---------------------------------------------------------------------
     def close(self) -> None:
-        """Remove every hook this watch added (the statistics themselves need none)."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        """Flush and close the sinks (a recording's last steps) and remove every hook this
+        watch added (the statistics themselves need none)."""
+        try:
+            for sink in self._sinks:
+                sink.close()
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
 
     def __enter__(self) -> GradientWatch:
         return self

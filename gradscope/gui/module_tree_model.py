@@ -286,7 +286,7 @@ class ModuleTreeModel(QAbstractItemModel):
         if column == STATUS:
             if is_origin:
                 return f"{self._origin_kind} origin"
-            if own >= STATUS_OK:
+            if own != _NO_STATUS:
                 return STATUS_LABELS[own]
             inside = self._inside[self._id[id(node)]]
             if inside > STATUS_OK:
@@ -297,7 +297,7 @@ class ModuleTreeModel(QAbstractItemModel):
         lines = [f"{node.name or '(model root)'}  ({node.type_name})"]
         if node.total_params:
             lines.append(f"{node.total_params:,} parameters ({node.own_params:,} own)")
-        if own >= STATUS_OK:
+        if own != _NO_STATUS:
             value = self._norm.get(node.name, math.nan)
             lines.append(f"gradient norm {format_value(value)}: {STATUS_LABELS[own]}")
         elif self._inside[i] > STATUS_OK:

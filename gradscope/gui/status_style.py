@@ -14,12 +14,16 @@ from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPen, QPixmap, QPolyg
 
 from gradscope.core.watch import (
     STATUS_EXPLODING,
+    STATUS_FROZEN,
+    STATUS_NO_GRADIENT,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_VANISHING,
 )
 
 STATUS_COLORS = {
+    STATUS_FROZEN: "#9e9e9e",
+    STATUS_NO_GRADIENT: "#9e9e9e",
     STATUS_OK: "#2ca02c",
     STATUS_VANISHING: "#1f77b4",
     STATUS_EXPLODING: "#f07f0e",
@@ -32,6 +36,8 @@ STATUS_TINTS = {
     STATUS_NONFINITE: "#fbd5d5",
 }
 STATUS_LABELS = {
+    STATUS_FROZEN: "frozen",
+    STATUS_NO_GRADIENT: "no gradient",
     STATUS_OK: "ok",
     STATUS_VANISHING: "vanishing",
     STATUS_EXPLODING: "exploding",

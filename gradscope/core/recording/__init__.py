@@ -5,7 +5,7 @@ and readable (by another process too) while it is being written.
 from gradscope.core.recording.csv_export import write_csv
 from gradscope.core.recording.format import FORMAT_NAME, FORMAT_VERSION, SUFFIX
 from gradscope.core.recording.reader import RecordingReader
-from gradscope.core.recording.watch_sink import RecordingWatch
+from gradscope.core.recording.sink import RecordingSink, choose_recording_path
 from gradscope.core.recording.writer import RecordingWriter
 
 __all__ = [
@@ -13,7 +13,8 @@ __all__ = [
     "FORMAT_VERSION",
     "SUFFIX",
     "RecordingReader",
-    "RecordingWatch",
+    "RecordingSink",
     "RecordingWriter",
+    "choose_recording_path",
     "write_csv",
 ]

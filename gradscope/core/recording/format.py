@@ -34,10 +34,15 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gradscope.core.errors import GradScopeError
+from gradscope.core.history import STATUS_MISSING
 
 FORMAT_NAME = "gradscope-recording"
-FORMAT_VERSION = 1
+# 2: status codes gained "frozen" (0) and "no gradient" (1) below ok (2), so that the worst
+# status is still the largest code; version 1's codes 0-3 are read as 2-5.
+FORMAT_VERSION = 2
 SUFFIX = ".gsrec"
 ORIGIN_WAIT_SECONDS = 5.0
 
@@ -181,3 +186,10 @@ def _read_meta(connection: sqlite3.Connection, path: Path) -> dict[str, Any]:
     if missing:
         raise _damaged(path, ValueError(f"missing tables {', '.join(missing)}"))
     return meta
+
+
+def status_codes(raw: np.ndarray, version: int) -> np.ndarray:
+    """Status codes as this GradScope numbers them, from a recording of format ``version``."""
+    if version >= 2:
+        return raw
+    return np.where(raw == STATUS_MISSING, raw, raw + 2).astype(np.uint8)

@@ -35,6 +35,7 @@ from gradscope.core.recording.format import (
     _connect,
     _damaged,
     _read_meta,
+    status_codes,
 )
 from gradscope.core.recording.lock import _lock_is_held
 
@@ -320,6 +321,7 @@ class RecordingReader:
             flat = np.frombuffer(b"".join(b for (b,) in blobs), dtype=dtype)
             del blobs
             if name == "status":
+                flat = status_codes(flat, self.format_version)
                 target = history._status[start:end]
                 if not covers_all:
                     target[:] = STATUS_MISSING
@@ -346,6 +348,7 @@ class RecordingReader:
                 "SELECT value FROM meta WHERE key = 'worst_status'"
             ).fetchone()
             worst = np.frombuffer(stored[0] or b"", dtype=np.uint8)[: len(columns)]
+            worst = status_codes(worst, self.format_version)
             seen = np.zeros(len(columns), dtype=np.uint8)
             seen[: len(worst)] = worst
         history.worst_status[columns] = np.maximum(history.worst_status[columns], seen)
@@ -445,6 +448,8 @@ class RecordingReader:
                     if found:
                         rows = np.fromiter((r for r, _ in found), dtype=np.int64, count=len(found))
                         flat = np.frombuffer(b"".join(b for _, b in found), dtype=dtype)
+                        if statistic == "status":
+                            flat = status_codes(flat, self.format_version)
                         if len(flat) != len(found):
                             raise ValueError(f"{statistic} values do not match their layers")
                         values[np.searchsorted(table[:, 0], rows)] = flat

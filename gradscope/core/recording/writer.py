@@ -64,6 +64,7 @@ from gradscope.core.recording.lock import (
     _lock_is_held,
 )
 from gradscope.core.watch import (
+    STATUS_FROZEN,
     STATUS_OK,
     LayerInfo,
     StepStats,
@@ -503,7 +504,7 @@ class RecordingWriter:
                 set_id: np.frombuffer(blob, dtype=np.int32)
                 for set_id, blob in connection.execute("SELECT id, positions FROM layer_sets")
             }
-            self._worst[:] = STATUS_OK
+            self._worst[:] = STATUS_FROZEN  # the lowest: any status seen replaces it
             self._previous_status[:] = STATUS_OK
             last: tuple[np.ndarray, np.ndarray] | None = None
             for set_id, blob in connection.execute(

@@ -1,0 +1,172 @@
+"""The recording sink: what ``gradscope.watch(model, record=...)`` adds to a watch.
+
+The watch computes each step's statistics, events and origin; this sink only writes them.
+Choosing the file is the part that must never crash a user's script: a second run with the
+same ``record=`` path gets a new numbered name and a warning (unless ``overwrite=True``), a
+missing folder is created, and an unwritable one is a :class:`GradScopeError` naming the
+path. Under torch.distributed each rank writes its own file (``x.rank0.gsrec``,
+``x.rank1.gsrec``, ...), and every rank takes the name rank 0 chose.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gradscope.core.errors import GradScopeError
+from gradscope.core.module_tree import build_module_tree
+from gradscope.core.recording.format import SUFFIX
+from gradscope.core.recording.writer import RecordingWriter
+from gradscope.core.user_warnings import warn_user
+
+if TYPE_CHECKING:
+    from gradscope.core.origin import Origin
+    from gradscope.core.watch import GradientWatch, StepStats
+
+
+def _distributed_rank() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def rank_path(path: Path, rank: int) -> Path:
+    """``runs/x.gsrec`` -> ``runs/x.rank3.gsrec``."""
+    stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
+    return path.with_name(f"{stem}.rank{rank}{SUFFIX}")
+
+
+def _numbered(path: Path, number: int) -> Path:
+    if number == 0:
+        return path
+    stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
+    return path.with_name(f"{stem}-{number}{SUFFIX}")
+
+
+def _taken(path: Path) -> bool:
+    return path.exists()
+
+
+def choose_recording_path(path: str | os.PathLike[str], *, overwrite: bool) -> Path:
+    """The file this process records to: ``path`` (per rank under torch.distributed), or the
+    first free numbered name next to it when it exists and ``overwrite`` is off."""
+    base = Path(path).expanduser()
+    rank, world = _distributed_rank()
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise GradScopeError(
+            f"cannot write a recording at {base}: cannot create the folder {base.parent} "
+            f"({error.strerror or error})"
+        ) from None
+    if not os.access(base.parent, os.W_OK):
+        raise GradScopeError(
+            f"cannot write a recording at {base}: the folder {base.parent} is not writable"
+        )
+
+    def files(number: int) -> list[Path]:
+        chosen = _numbered(base, number)
+        return [rank_path(chosen, r) for r in range(world)] if world > 1 else [chosen]
+
+    number = 0
+    if not overwrite:
+        while any(_taken(candidate) for candidate in files(number)):
+            number += 1
+    if world > 1:
+        # Every rank records under the same run name: the one rank 0 chose.
+        choice = [number]
+        torch.distributed.broadcast_object_list(choice, src=0)
+        number = int(choice[0])
+    chosen = files(number)[rank if world > 1 else 0]
+    if number and rank == 0:
+        warn_user(
+            f"gradscope: {files(0)[0]} already exists; recording to {chosen} instead "
+            "(pass overwrite=True to replace it)"
+        )
+    return chosen
+
+
+def _default_source(model: torch.nn.Module) -> str:
+    script = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if script and os.path.isfile(script):
+        return os.path.abspath(script)
+    return type(model).__name__
+
+
+class RecordingSink:
+    """Writes every step a watch collects to a recording (see :mod:`.writer`).
+
+    The module tree, the watched layers and ``settings`` are stored at once; each step is
+    queued for the background writer; ``close()`` (or the interpreter exiting) flushes it.
+    With ``update_ratio`` on, a step is written at the next step (or at ``close()``), once
+    its optimizer step has been measured.
+    """
+
+    def __init__(
+        self,
+        watch: GradientWatch,
+        path: str | os.PathLike[str],
+        settings: Mapping[str, Any] | None = None,
+        *,
+        overwrite: bool = False,
+        commit_seconds: float = 1.0,
+    ) -> None:
+        model = watch.model
+        first = next(iter(model.parameters()), None)
+        rank, world = _distributed_rank()
+        info = {
+            "source": (settings or {}).get("source") or _default_source(model),
+            "device": str(first.device) if first is not None else "cpu",
+            "model": type(model).__name__,
+        }
+        if world > 1:
+            info.update(rank=str(rank), world_size=str(world))
+        self.writer = RecordingWriter(
+            choose_recording_path(path, overwrite=overwrite),
+            build_module_tree(model),
+            settings,
+            overwrite=overwrite,
+            commit_seconds=commit_seconds,
+            info=info,
+        )
+        self._held: tuple[StepStats, Any, Origin | None] | None = None
+        # At exit, also write a step still held for its update ratio; a weak reference, so
+        # a forgotten watch does not keep its model alive.
+        self._exit_hook = functools.partial(_close_sink, weakref.ref(self))
+        atexit.register(self._exit_hook)
+
+    @property
+    def path(self) -> Path:
+        return self.writer.path
+
+    def on_step(self, watch: GradientWatch, stats: StepStats) -> None:
+        if self._held is not None:
+            self.writer.append(*self._held[:2], origin=self._held[2])
+            self._held = None
+        if watch.update_ratio_enabled:
+            self._held = (stats, watch.layers, stats.origin)
+        else:
+            self.writer.append(stats, watch.layers, origin=stats.origin)
+
+    def close(self) -> None:
+        atexit.unregister(self._exit_hook)
+        try:
+            if self._held is not None:
+                self.writer.append(*self._held[:2], origin=self._held[2])
+                self._held = None
+        finally:
+            self.writer.close()
+
+
+def _close_sink(reference: weakref.ref[RecordingSink]) -> None:
+    sink = reference()
+    if sink is not None:
+        sink.close()

@@ -1,0 +1,163 @@
+"""The diagnosis re-run, made safe to run inside anybody's training loop.
+
+:func:`gradscope.core.origin.locate_first_nonfinite` re-runs a failing step with instruments.
+Inside a user's week-long job that re-run must never be what kills or hangs the run, so
+:func:`locate_safely` wraps it:
+
+- it never raises (except KeyboardInterrupt and SystemExit): an error in the re-run, a re-run
+  that stays finite, or one that runs out of time gives an origin of phase ``"unknown"``
+  whose ``details["reason"]`` says what happened and what to do;
+- it runs no collective: calls of a DDP wrapper go to the model inside it (no buffer
+  broadcast, no gradient all-reduce), and models whose forward needs other ranks (FSDP,
+  SyncBatchNorm) are not re-run at all;
+- compiled models are re-run eagerly (``_orig_mod``), so dynamo neither recompiles nor warns;
+- it is bounded in time: every torch operation of the re-run checks a deadline, and the
+  re-run runs in the caller's thread, so nothing of it touches the model after it returns;
+- it is invisible: the random number generators are restored (the user's next dropout mask
+  is the one it would have been), and ``locate_first_nonfinite`` restores gradients and
+  buffers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from gradscope.core.origin import Origin, locate_first_nonfinite, origin_from_statistics
+from gradscope.core.wrappers import running_locally, sharded_reason, unwrap_model
+
+if TYPE_CHECKING:
+    from gradscope.core.watch import StepStats
+
+DEFAULT_TIMEOUT = 120.0
+
+
+class LocateTimeout(Exception):
+    """The re-run went past its deadline."""
+
+
+class _Deadline(TorchFunctionMode):
+    """Checks the clock at every torch operation of the re-run's forward and loss."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if time.monotonic() > self.deadline:
+            raise LocateTimeout(f"the re-run took longer than {self.seconds:g} s")
+        return func(*args, **(kwargs or {}))
+
+
+def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _restore_rng(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+
+
+def _distributed_world() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+def unknown_origin(stats: StepStats, reason: str, **details: Any) -> Origin:
+    """An origin that says it was not located, why, and what the statistics alone show."""
+    statistical = origin_from_statistics(stats)
+    origin = Origin(
+        stats.step,
+        "unknown",
+        None,
+        statistical.tensor,
+        statistical.kind,
+        details={"reason": reason, "statistics_phase": statistical.phase, **details},
+    )
+    return origin
+
+
+def locate_safely(
+    model: nn.Module,
+    locate: Callable[[], Any],
+    stats: StepStats,
+    layer_names: list[str],
+    *,
+    batch: Any = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Origin:
+    """Re-run the failing step through ``locate`` (a function that rebuilds the step's loss
+    from the same batch) and return where its first NaN/Inf came from. Never raises for
+    GradScope's own reasons; see the module docstring."""
+    reason = sharded_reason(model)
+    if reason is not None:
+        return unknown_origin(stats, reason)
+    eager = unwrap_model(model)
+    rng = _rng_state()
+    started = time.monotonic()
+    try:
+        with running_locally(model), _Deadline(timeout), torch.enable_grad():
+            found = locate_first_nonfinite(eager, locate, stats.step)
+    except LocateTimeout as error:
+        return unknown_origin(
+            stats,
+            f"{error}; the step was not located (raise locate_timeout to wait longer)",
+        )
+    except Exception as error:  # the user's locate(), or the instruments, failed
+        first_line = (str(error).splitlines() or [""])[0]
+        return unknown_origin(
+            stats,
+            f"the re-run raised {type(error).__name__}: {first_line}. Training goes on; "
+            "check that locate() rebuilds this step's loss from the same batch",
+            error=f"{type(error).__name__}: {first_line}",
+        )
+    finally:
+        _restore_rng(rng)
+    seconds = time.monotonic() - started
+    if found is None:
+        if _distributed_world() > 1:
+            reason = (
+                "this rank's re-run was finite: the NaN/Inf most likely came from another "
+                "rank's batch through the gradient all-reduce (see that rank's origin)"
+            )
+        else:
+            reason = (
+                "the re-run of this step was finite: locate() must rebuild this step's loss "
+                "exactly (the same batch, autocast, loss scaling and micro-batches); a "
+                "non-deterministic kernel can also make a NaN that does not repeat"
+            )
+        return unknown_origin(stats, reason, nonfinite_layers=_nonfinite_layers(stats, layer_names))
+    found.details.setdefault("locate_seconds", round(seconds, 3))
+    return found
+
+
+def _nonfinite_layers(stats: StepStats, layer_names: list[str]) -> list[str]:
+    from gradscope.core.watch import STATUS_NONFINITE
+
+    return [layer_names[i] for i in np.flatnonzero(stats.status == STATUS_NONFINITE).tolist()]
+
+
+def statistics_origin(stats: StepStats, layer_names: list[str]) -> Origin:
+    """What the statistics alone say, for a watch given no ``locate``: the loss, or the layers
+    that went non-finite (the last registered one is the likeliest to have gone first, since
+    gradients flow from the last layer to the first)."""
+    hint = (
+        "found from the statistics alone; pass locate=<a function recomputing the loss from "
+        "the same batch> to collect() to find the operation and line"
+    )
+    origin = origin_from_statistics(stats, {"hint": hint})
+    if origin.phase == "backward":
+        bad = _nonfinite_layers(stats, layer_names)
+        origin.details["nonfinite_layers"] = bad
+        origin.module = bad[-1] if bad else None
+    return origin

@@ -1,0 +1,97 @@
+"""The user's model inside its wrappers, and running it locally for a diagnosis re-run.
+
+Real training wraps the model: ``DistributedDataParallel`` and ``DataParallel`` (``.module``),
+``torch.compile`` (``._orig_mod``), FSDP. GradScope names layers after the model the user
+wrote (no ``module.`` or ``_orig_mod.`` prefix), and its diagnosis re-run must not go through
+the wrappers: a DDP forward broadcasts buffers and its backward all-reduces gradients (a
+re-run on one rank would hang the others), and a compiled forward would recompile under the
+tracer's instruments and print dynamo warnings into the user's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+def _inner(module: nn.Module) -> nn.Module | None:
+    """The model one wrapper holds, or None when ``module`` is no wrapper."""
+    compiled = getattr(module, "_orig_mod", None)
+    if isinstance(compiled, nn.Module):
+        return compiled
+    if isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return module.module
+    return None
+
+
+def wrapper_chain(model: nn.Module) -> list[nn.Module]:
+    """``model`` and every wrapper inside it, outermost first; the last is the user's model."""
+    chain = [model]
+    while (inner := _inner(chain[-1])) is not None:
+        chain.append(inner)
+    return chain
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's own model inside any DDP / DataParallel / torch.compile wrappers."""
+    return wrapper_chain(model)[-1]
+
+
+def sharded_reason(model: nn.Module) -> str | None:
+    """Why a re-run of this model's forward would need collectives (FSDP parameters are
+    gathered in forward; SyncBatchNorm all-reduces its statistics), or None."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:  # a torch built without distributed
+        return None
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    for name, module in model.named_modules():
+        if isinstance(module, (FSDPModule, FullyShardedDataParallel)):
+            return (
+                f"the model is sharded with FSDP ({name or 'the root'}): a re-run of its forward "
+                "would gather parameters from every rank, so it is not re-run"
+            )
+        if distributed and isinstance(module, nn.SyncBatchNorm) and module.training:
+            return (
+                f"{name} is a SyncBatchNorm in training mode: a re-run of its forward would "
+                "all-reduce statistics with the other ranks, so it is not re-run"
+            )
+    return None
+
+
+@contextlib.contextmanager
+def running_locally(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside, calling ``model`` (a wrapper or not) runs the user's eager model on this rank
+    alone: no DDP buffer broadcast or gradient all-reduce, no compiled graph. A caller's
+    ``locate`` closure that calls the wrapper therefore needs no change. Yields the eager
+    model."""
+    chain = wrapper_chain(model)
+    eager = chain[-1]
+    saved: list[tuple[nn.Module, str, object, bool]] = []
+    with contextlib.ExitStack() as stack:
+        for wrapper, inner in itertools.pairwise(chain):
+            had = "forward" in wrapper.__dict__
+            saved.append((wrapper, "forward", wrapper.__dict__.get("forward"), had))
+            # An instance attribute shadows the class's forward (DDP's broadcasts and
+            # reducer preparation, the compiled frame): the wrapper just calls its inner model.
+            wrapper.__dict__["forward"] = inner.__call__
+            if isinstance(wrapper, nn.parallel.DistributedDataParallel):
+                stack.enter_context(wrapper.no_sync())
+        # ``module.compile()`` compiles in place: its call goes through _compiled_call_impl.
+        for module in eager.modules():
+            compiled = module.__dict__.get("_compiled_call_impl")
+            if compiled is not None:
+                saved.append((module, "_compiled_call_impl", compiled, True))
+                module.__dict__["_compiled_call_impl"] = None
+        try:
+            yield eager
+        finally:
+            for module, attribute, value, had in reversed(saved):
+                if had:
+                    module.__dict__[attribute] = value
+                else:
+                    module.__dict__.pop(attribute, None)

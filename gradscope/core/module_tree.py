@@ -103,11 +103,13 @@ def build_module_tree(model: nn.Module) -> ModuleTree:
 
 
 def parameterised_layers(model: nn.Module) -> list[str]:
-    """The default watch: every module that owns trainable parameters, in registration order."""
+    """The default watch: every module that owns parameters, in registration order. Frozen
+    ones are included (a fine-tuning run unfreezes them later, and a stable set of layers
+    keeps histories and recordings the same width)."""
     return [
         name
         for name, module in model.named_modules()
-        if any(p.requires_grad for p in module.parameters(recurse=False))
+        if next(module.parameters(recurse=False), None) is not None
     ]
 
 
@@ -129,6 +131,12 @@ def select_layers(model: nn.Module, patterns: Iterable[str] | None) -> list[str]
             raise GradScopeError(f"no layer matches {pattern!r}{hint}")
         chosen.update(matched)
     modules = dict(model.named_modules())
-    return [
-        n for n in names if n in chosen and any(p.requires_grad for p in modules[n].parameters())
+    selected = [
+        n for n in names if n in chosen and next(modules[n].parameters(), None) is not None
     ]
+    if not selected:
+        raise GradScopeError(
+            f"layers={patterns!r} match only modules without parameters "
+            f"({', '.join(sorted(chosen)[:5])}); pick modules that own weights"
+        )
+    return selected

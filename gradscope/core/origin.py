@@ -53,10 +53,12 @@ class SourceLocation:
 class Origin:
     """The first non-finite value of a step.
 
-    ``phase``: "forward", "loss" or "backward"; or "update" when the weights were already
-    non-finite before the step's forward (an optimizer update wrote them; ``step`` is then the
-    step whose update did it and ``tensor`` the parameter's name). ``module``: dotted module
-    path ("" is the root), None when the value was made outside the model (loss code).
+    ``phase``: "forward", "loss" or "backward"; "unknown" when the diagnosis re-run could
+    not say (``details["reason"]`` says why and what to do); or "update" when the weights
+    were already non-finite before the step's forward (an optimizer update wrote them;
+    ``step`` is then the step whose update did it and ``tensor`` the parameter's name).
+    ``module``: dotted module path ("" is the root), None when the value was made outside
+    the model (loss code).
     ``tensor``: "output", "input grad", "<param>.grad" (relative to the module) or "loss".
     ``kind``: "nan" or "inf".
     ``op``, ``file``, ``line`` and ``code`` name the operation and the line of user code that
@@ -78,6 +80,9 @@ class Origin:
         return asdict(self)
 
     def describe(self) -> str:
+        if self.phase == "unknown":
+            reason = self.details.get("reason") or "the re-run did not say"
+            return f"step {self.step}: {self.kind.upper()}, origin not located: {reason}"
         where = (
             "outside the model (loss code)"
             if self.module is None

@@ -52,6 +52,8 @@ def origin_to_json(origin: Origin | None) -> dict[str, Any] | None:
     result: dict[str, Any] = {name: getattr(origin, name) for name in ORIGIN_FIELDS}
     result["hint"] = origin.details.get("hint")
     result["values"] = _json_safe(origin.details.get("values"))
+    if "reason" in origin.details:  # phase "unknown": why the re-run could not say
+        result["reason"] = origin.details["reason"]
     return result
 
 

@@ -116,6 +116,19 @@ def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
         uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro"
         connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         connection.execute("PRAGMA query_only = 1")
+        try:
+            connection.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        except sqlite3.OperationalError as error:
+            if "unable to open" not in str(error):
+                raise
+            # A WAL-mode file on read-only storage (an archive, a read-only mount): SQLite
+            # cannot create the shared-memory file it reads a WAL through. Nothing can write
+            # there either, so the file is read as it is.
+            connection.close()
+            connection = sqlite3.connect(
+                uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False
+            )
+            connection.execute("PRAGMA query_only = 1")
     else:
         connection = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
     connection.execute("PRAGMA busy_timeout = 5000")

@@ -29,6 +29,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--momentum", type=float, help="SGD momentum (default 0.9)")
     add("--weight-decay", type=float, help="weight decay (default 0)")
     add("--loss-scale", type=float, help="multiply the loss by this (provokes explosion)")
+    add(
+        "--amp",
+        choices=("bf16", "fp16"),
+        help="mixed precision: autocast (and a GradScaler for fp16) on forward and loss",
+    )
     add("--clip", type=float, help="clip the total gradient norm to this (default off)")
     add("--image-size", type=int, help="image size for torchvision models (default 224)")
     add("--layers", nargs="+", metavar="GLOB", help="layers to watch, names or globs")
@@ -138,7 +143,13 @@ def run_command(argv: Sequence[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     from gradscope.core.history import RunHistory
     from gradscope.core.loading import load_with_settings
-    from gradscope.core.report import build_report, summary_table, trace_to_json, write_json
+    from gradscope.core.report import (
+        build_report,
+        mixed_precision_line,
+        summary_table,
+        trace_to_json,
+        write_json,
+    )
     from gradscope.core.runner import StepRunner
 
     loaded, settings = load_with_settings(args.source, _overrides(args), weights=args.weights)
@@ -176,6 +187,9 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print()
     print(summary_table(history))
+    scaler_line = mixed_precision_line(history)
+    if scaler_line:
+        print(scaler_line)
     origin = history.first_nonfinite
     if origin is not None:
         from gradscope.core.diagnosis import explain
@@ -220,7 +234,12 @@ def report_command(argv: Sequence[str]) -> int:
     args = _report_parser().parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
     from gradscope.core.recording import RecordingReader, write_csv
-    from gradscope.core.report import build_report, summary_table, write_json
+    from gradscope.core.report import (
+        build_report,
+        mixed_precision_line,
+        summary_table,
+        write_json,
+    )
     from gradscope.core.watch import STATUS_NONFINITE
 
     try:
@@ -238,6 +257,9 @@ def report_command(argv: Sequence[str]) -> int:
         if live:
             print("note: the recording is still being written", file=sys.stderr)
         print(summary_table(history))
+        scaler_line = mixed_precision_line(history)
+        if scaler_line:
+            print(scaler_line)
         origin = history.first_nonfinite
         if origin is not None:
             print(f"first non-finite value: {origin.describe()}")

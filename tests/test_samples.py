@@ -447,3 +447,32 @@ def test_status_constants_are_what_the_tests_assume():
     assert STATUS_NAMES[STATUS_VANISHING] == "vanishing"
     assert STATUS_NAMES[STATUS_EXPLODING] == "exploding"
     assert STATUS_NAMES[STATUS_NONFINITE] == "nonfinite"
+
+
+# Mixed precision: run through `gradscope run` (the runner's --amp path), JSON checked.
+
+
+def test_fp16_scaler_healthy_skips(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    script = SAMPLES / "fp16_scaler_healthy_skips.py"
+    code = main(["run", str(script), "--fail-on-nonfinite", "--json", str(report)])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    data = json.loads(report.read_text())
+    assert data["first_nonfinite"] is None
+    assert data["skipped_steps"] == [0, 1, 2, 3, 4, 6, 7]
+    assert data["loss_scale"][0] == 2.0**24 and data["loss_scale"][-1] == 2.0**17
+    assert all(layer["status"] != "nonfinite" for layer in data["layers"])
+
+
+def test_fp16_scale_collapse_zero_norm(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    script = SAMPLES / "fp16_scale_collapse_zero_norm.py"
+    code = main(["run", str(script), "--fail-on-nonfinite", "--json", str(report)])
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    origin = json.loads(report.read_text())["first_nonfinite"]
+    assert (origin["step"], origin["phase"], origin["module"]) == (17, "backward", "pool")
+    assert origin["op"].startswith("torch.sqrt backward")
+    assert "torch.sqrt(" in origin["code"] and Path(origin["file"]).name == script.name
+    assert "infinite at 0" in origin["hint"]

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from gradscope.core.origin import Origin
-from gradscope.core.watch import STATUS_NAMES, STATUS_NONFINITE, STATUS_OK, StepStats
+from gradscope.core.watch import (
+    STATUS_NAMES,
+    STATUS_NONFINITE,
+    STATUS_OK,
+    StepStats,
+    is_flagged,
+)
 
 MISSING = -1.0
 STATUS_MISSING = 255
@@ -57,7 +63,7 @@ def status_onsets(
     GROUPED_ONSETS layers turn bad together (a NaN spreading through the whole model) they
     make one event, named after the first of them in forward order."""
     status = np.asarray(status)
-    changed = np.flatnonzero((status != before) & (status > STATUS_OK))
+    changed = np.flatnonzero((status != before) & is_flagged(status))
     events: list[Event] = []
     for code in sorted(set(status[changed].tolist())):
         indices = changed[status[changed] == code].tolist()
@@ -88,6 +94,10 @@ class RunHistory:
         self.step_numbers = np.zeros(self._capacity, dtype=np.int64)
         self.loss = np.zeros(self._capacity, dtype=np.float64)
         self.total_grad_norm = np.zeros(self._capacity, dtype=np.float64)
+        # Mixed precision: the loss scaler's scale at each step (0: no scaler) and whether
+        # the scaler skipped the step.
+        self.loss_scale = np.zeros(self._capacity, dtype=np.float64)
+        self.skipped = np.zeros(self._capacity, dtype=bool)
         self._stats: dict[str, np.ndarray] = {
             name: np.zeros((self._capacity, 0), dtype=np.float32) for name in STATISTICS
         }
@@ -138,6 +148,8 @@ class RunHistory:
         self.step_numbers = regrow(self.step_numbers, 0)
         self.loss = regrow(self.loss, 0.0)
         self.total_grad_norm = regrow(self.total_grad_norm, 0.0)
+        self.loss_scale = regrow(self.loss_scale, 0.0)
+        self.skipped = regrow(self.skipped, False)
         worst = np.zeros(columns, dtype=np.uint8)
         worst[: len(self.worst_status)] = self.worst_status
         self.worst_status = worst
@@ -162,6 +174,8 @@ class RunHistory:
         self.loss[row] = loss
         if stats is not None:
             self.total_grad_norm[row] = stats.total_grad_norm
+            self.loss_scale[row] = stats.loss_scale or 0.0
+            self.skipped[row] = stats.skipped
             packed = _to_float32(np.stack((stats.grad_norm, stats.max_abs, stats.weight_norm)))
             self._stats["grad_norm"][row, columns] = packed[0]
             self._stats["max_abs"][row, columns] = packed[1]
@@ -204,6 +218,8 @@ class RunHistory:
         self.step_numbers[rows] = [step for step, _, _, _ in steps]
         self.loss[rows] = [loss for _, loss, _, _ in steps]
         self.total_grad_norm[rows] = [stats.total_grad_norm for stats in all_stats]
+        self.loss_scale[rows] = [stats.loss_scale or 0.0 for stats in all_stats]
+        self.skipped[rows] = [stats.skipped for stats in all_stats]
         for name in ("grad_norm", "max_abs", "weight_norm"):
             block = np.stack([getattr(stats, name) for stats in all_stats])
             self._stats[name][rows, columns] = _to_float32(block)
@@ -221,7 +237,7 @@ class RunHistory:
         before = np.empty_like(status)
         before[0] = [self._previous_status.get(name, STATUS_OK) for name in layer_names]
         before[1:] = status[:-1]
-        for row in np.flatnonzero(((status != before) & (status > STATUS_OK)).any(axis=1)):
+        for row in np.flatnonzero(((status != before) & is_flagged(status)).any(axis=1)):
             step, stats = steps[row][0], all_stats[row]
             self.events.extend(
                 status_onsets(step, layer_names, status[row], before[row], stats.grad_norm))
@@ -275,6 +291,8 @@ class RunHistory:
             self._stats[name][keep : self.count] = MISSING
         self._status[keep : self.count] = STATUS_MISSING
         self.total_grad_norm[keep : self.count] = 0.0
+        self.loss_scale[keep : self.count] = 0.0
+        self.skipped[keep : self.count] = False
         self.count = keep
         self.events = [event for event in self.events if event.step < step]
         if self.first_nonfinite is not None and self.first_nonfinite.step >= step:

@@ -77,8 +77,33 @@ def build_report(source: str, device: str, history: RunHistory) -> dict[str, Any
         "steps_run": int(history.count),
         "loss": [json_number(v) for v in history.losses.tolist()],
         "first_nonfinite": origin_to_json(history.first_nonfinite),
+        **mixed_precision_json(history),
         "layers": layers,
     }
+
+
+def mixed_precision_json(history: RunHistory) -> dict[str, Any]:
+    """With a loss scaler: ``"loss_scale"`` per step and ``"skipped_steps"`` (the steps whose
+    scaled gradients overflowed, which the scaler skipped: expected, not failures)."""
+    scales = history.loss_scale[: history.count]
+    if not scales.any():
+        return {}
+    return {
+        "loss_scale": scales.tolist(),
+        "skipped_steps": history.steps[history.skipped[: history.count]].tolist(),
+    }
+
+
+def mixed_precision_line(history: RunHistory) -> str | None:
+    """One line on the loss scaler, for the console summary."""
+    scales = history.loss_scale[: history.count]
+    if not scales.any():
+        return None
+    skipped = int(history.skipped[: history.count].sum())
+    return (
+        f"loss scaler: {skipped} of {history.count} step(s) skipped (their scaled gradients "
+        f"overflowed); scale {scales[0]:g} -> {scales[-1]:g}"
+    )
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> None:

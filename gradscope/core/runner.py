@@ -143,6 +143,7 @@ class _Snapshot:
     rng: tuple[torch.Tensor, torch.Tensor | None]
     first_nonfinite: Origin | None
     watch_step: int
+    scaler: dict[str, Any] | None = None
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
@@ -196,6 +197,20 @@ class StepRunner:
             raise GradScopeError(f"the model does not fit in {self.device} memory") from None
         self.tree: ModuleTree = build_module_tree(self.model)
         self.optimizer = _build_optimizer(self.model, self.settings)
+        # fp16 needs a loss scaler (its gradients underflow without one); bf16 does not.
+        if self.settings.amp and any(
+            p.dtype in (torch.float16, torch.bfloat16) for p in self.model.parameters()
+        ):
+            raise GradScopeError(
+                f"--amp {self.settings.amp} runs a float32 model under autocast, but this "
+                "model's parameters are already half precision (build_model converts it); "
+                "drop --amp, or build the model in float32"
+            )
+        self.scaler = (
+            torch.amp.GradScaler(self.device.type, init_scale=self.settings.amp_init_scale)
+            if self.settings.amp == "fp16"
+            else None
+        )
         self._watching = watch
         self.watch: GradientWatch | None = self._make_watch(settings.layers) if watch else None
         self.step_index = 0
@@ -213,6 +228,7 @@ class StepRunner:
             explode_threshold=self.settings.explode_threshold,
             vanish_threshold=self.settings.vanish_threshold,
             update_ratio=self.settings.update_ratio,
+            scaler=self.scaler,
         )
 
     def set_layers(self, layers: list[str] | None) -> None:
@@ -232,6 +248,8 @@ class StepRunner:
         settings = settings.validated()
         if settings.device != self.settings.device:
             raise GradScopeError("the device cannot change during a run; start a new run")
+        if settings.amp != self.settings.amp:
+            raise GradScopeError("mixed precision cannot change during a run; start a new run")
         old = self.settings
         self.settings = settings
         if settings.optimizer != old.optimizer:
@@ -260,9 +278,16 @@ class StepRunner:
             )
         return batch[0], batch[1]
 
+    def _autocast(self) -> Any:
+        """Autocast for the forward and the loss under ``--amp`` (a no-op otherwise)."""
+        amp = self.settings.amp
+        dtype = torch.float16 if amp == "fp16" else torch.bfloat16
+        return torch.autocast(self.device.type, dtype=dtype, enabled=bool(amp))
+
     def _loss(self, inputs: Any, target: Any) -> torch.Tensor:
         try:
-            output = call_model(self.model, inputs)
+            with self._autocast():
+                output = call_model(self.model, inputs)
         except GradScopeError:
             raise
         except torch.cuda.OutOfMemoryError:
@@ -273,7 +298,8 @@ class StepRunner:
         except Exception as error:
             raise self._forward_error(error, inputs) from error
         loss_fn = self.loaded.loss_fn or default_loss
-        loss = loss_fn(output, target)
+        with self._autocast():
+            loss = loss_fn(output, target)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ModelScriptError(
                 f"the loss must be a single-element tensor, got {describe_structure(loss)}"
@@ -348,7 +374,7 @@ class StepRunner:
         loss = self._loss(inputs, target)
         try:
             if loss.requires_grad:
-                loss.backward()
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         except torch.cuda.OutOfMemoryError:
             raise GradScopeError("CUDA out of memory in backward; lower the batch size") from None
         except RuntimeError as error:
@@ -367,11 +393,18 @@ class StepRunner:
         self._computed = None
         started = time.perf_counter()
         if not result.nonfinite or self.settings.keep_going:
+            scaler = self.scaler
             if self.settings.clip is not None:
+                if scaler is not None:
+                    scaler.unscale_(self.optimizer)  # clip the true gradients
                 torch.nn.utils.clip_grad_norm_(
                     [p for p in self.model.parameters() if p.grad is not None], self.settings.clip
                 )
-            self.optimizer.step()
+            if scaler is not None:
+                scaler.step(self.optimizer)  # skips the update when the gradients overflowed
+                scaler.update()
+            else:
+                self.optimizer.step()
             result.applied = True
             if self.watch is not None and self.settings.update_ratio:
                 self.watch.measure_update()
@@ -400,6 +433,7 @@ class StepRunner:
                 rng=_capture_rng(self.device),
                 first_nonfinite=self.first_nonfinite,
                 watch_step=self.watch.step if self.watch is not None else 0,
+                scaler=self.scaler.state_dict() if self.scaler is not None else None,
             )
         )
         del self._snapshots[:-depth]
@@ -430,6 +464,8 @@ class StepRunner:
         del self._snapshots[index:]
         self.model.load_state_dict(snapshot.model)
         self.optimizer.load_state_dict(snapshot.optimizer)
+        if self.scaler is not None and snapshot.scaler is not None:
+            self.scaler.load_state_dict(snapshot.scaler)
         _restore_rng(snapshot.rng, self.device)
         self.first_nonfinite = snapshot.first_nonfinite
         self.step_index = snapshot.step

@@ -11,6 +11,8 @@ from typing import Any
 from gradscope.core.errors import SettingsError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+# Mixed precision: "" (off), "bf16" (autocast), "fp16" (autocast and a GradScaler).
+AMP_MODES = ("", "bf16", "fp16")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -26,6 +28,8 @@ class RunSettings:
     momentum: float = 0.9
     weight_decay: float = 0.0
     loss_scale: float = 1.0
+    amp: str = ""
+    amp_init_scale: float = 65536.0  # the GradScaler's first scale under fp16
     clip: float | None = None
     seed: int = 0
     explode_threshold: float = 1000.0
@@ -57,6 +61,10 @@ class RunSettings:
                 problems.append(
                     f"{name.replace('_', ' ')} must be a finite number >= 0, not {value}"
                 )
+        if self.amp not in AMP_MODES:
+            problems.append(f"amp must be bf16, fp16 or empty (off), not {self.amp!r}")
+        if not (math.isfinite(self.amp_init_scale) and self.amp_init_scale > 0):
+            problems.append(f"amp init scale must be a positive number, not {self.amp_init_scale}")
         if not math.isfinite(self.loss_scale):
             problems.append(f"loss scale must be finite, not {self.loss_scale}")
         if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):

@@ -38,15 +38,26 @@ from gradscope.core.wrappers import unwrap_model
 
 # Ordered by severity, so the worst status of a layer over steps is their maximum: a layer
 # that is frozen or got no gradient is less alarming than one that is ok.
+# "skipped": the layer's scaled gradients overflowed on a step that the loss scaler skips (an
+# expected event in mixed precision, not a failure).
 (
     STATUS_FROZEN,
     STATUS_NO_GRADIENT,
     STATUS_OK,
+    STATUS_SKIPPED,
     STATUS_VANISHING,
     STATUS_EXPLODING,
     STATUS_NONFINITE,
-) = range(6)
-STATUS_NAMES = ("frozen", "no gradient", "ok", "vanishing", "exploding", "nonfinite")
+) = range(7)
+STATUS_NAMES = (
+    "frozen",
+    "no gradient",
+    "ok",
+    "skipped",
+    "vanishing",
+    "exploding",
+    "nonfinite",
+)
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # Gradients whose sums of squares the CPU path takes as dot products.
@@ -97,13 +108,21 @@ class StepStats:
     loss_nonfinite: bool = False
     unwatched_nonfinite: bool = False
     origin: Origin | None = None
+    # Mixed precision with a loss scaler (``watch(model, scaler=...)``): the scale of this
+    # step; whether its scaled gradients overflowed so that the scaler skips it (an expected
+    # event: not ``nonfinite``); whether the scale has collapsed (a real failure).
+    loss_scale: float | None = None
+    skipped: bool = False
+    scale_collapsed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nonfinite(self) -> bool:
-        """True when anything of this step, watched or not, is NaN or Inf."""
+        """True when anything of this step, watched or not, is NaN or Inf (a step the loss
+        scaler skips is not, unless the scale has collapsed)."""
         return (
-            self.loss_nonfinite
+            self.scale_collapsed
+            or self.loss_nonfinite
             or self.unwatched_nonfinite
             or bool((self.status == STATUS_NONFINITE).any())
         )
@@ -126,7 +145,7 @@ def classify(
 
 def is_flagged(status: np.ndarray | int) -> np.ndarray | bool:
     """Statuses worth an alarm: vanishing, exploding, nonfinite."""
-    return np.asarray(status) > STATUS_OK
+    return np.asarray(status) >= STATUS_VANISHING
 
 
 @dataclass
@@ -248,6 +267,13 @@ class GradientWatch:
     each for at most ``locate_timeout`` seconds. The re-run never raises into the training
     loop and never runs a collective (see :mod:`gradscope.core.safe_locate`).
 
+    ``scaler``: the ``torch.amp.GradScaler`` of a mixed-precision loop. Statistics are then
+    of the true, unscaled gradients whether or not ``scaler.unscale_`` ran before
+    :meth:`collect` (the reduced figures are divided by the scale: no extra pass), a step
+    whose scaled gradients overflowed is ``stats.skipped`` (not a failure, no origin), and
+    ``stats.loss_scale`` is the scale. A non-finite loss is still a failure (the scaler would
+    skip it forever), and so is a scale that halves below ``scale_collapse_below`` (1.0).
+
     ``record="runs/x.gsrec"`` adds a recording sink (``settings``: a JSON-able dict stored
     with it; ``overwrite=True`` replaces an existing recording, otherwise a new numbered name
     is chosen); ``sinks`` are further objects with ``on_step(watch, stats)`` and ``close()``.
@@ -264,6 +290,8 @@ class GradientWatch:
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         locate_timeout: float = 120.0,
         max_located: int = 20,
+        scaler: Any = None,
+        scale_collapse_below: float = 1.0,
         record: str | os.PathLike[str] | None = None,
         settings: Mapping[str, Any] | None = None,
         overwrite: bool = False,
@@ -278,6 +306,8 @@ class GradientWatch:
         self.update_ratio_enabled = update_ratio
         self.locate_timeout = float(locate_timeout)
         self.max_located = int(max_located)
+        self.scaler = scaler
+        self.scale_collapse_below = float(scale_collapse_below)
         if isinstance(layers, str):
             layers = [layers]
         names = select_layers(model, layers)
@@ -517,6 +547,10 @@ class GradientWatch:
             layout.setdefault(device, []).append(
                 _Entry("unwatched", group, present, len(present), squared=squared)
             )
+        scale = self._scale_tensor()
+        if scale is not None:
+            parts.setdefault(scale.device, []).append(scale.detach().reshape(()).float())
+            layout.setdefault(scale.device, []).append(_Entry("scale"))
         if loss is not None:
             device = loss.device
             value = loss.detach().reshape(())
@@ -557,6 +591,7 @@ class GradientWatch:
         unwatched_bad: list[tuple[_Group, list[int]]] = []
         imprecise: list[np.ndarray] = []
         loss_value: float | None = None
+        scale_value: float | None = None
         for host, entries, event in transfers:
             if event is not None:
                 event.synchronize()
@@ -565,6 +600,10 @@ class GradientWatch:
             for entry in entries:
                 if entry.kind == "loss":
                     loss_value = float(values[cursor])
+                    cursor += 1
+                    continue
+                if entry.kind == "scale":
+                    scale_value = float(values[cursor])
                     cursor += 1
                     continue
                 group = entry.group
@@ -621,6 +660,13 @@ class GradientWatch:
             param_norm[flagged] = self._exact_norms([self._params[i].grad for i in flagged])
         if unwatched_bad:
             unwatched_sq += self._unwatched_squares(unwatched_bad)
+        if scale_value is not None:
+            # Gradients still scaled by the loss scaler: the true ones are 1/scale of them.
+            divisor, unwatched_divisor = self._scale_divisors(scale_value)
+            with np.errstate(invalid="ignore", over="ignore"):
+                param_norm = param_norm / divisor
+                param_max = param_max / divisor
+                unwatched_sq = unwatched_sq / unwatched_divisor**2
 
         members, offsets = self._members, self._offsets
         with np.errstate(over="ignore", invalid="ignore"):
@@ -641,6 +687,18 @@ class GradientWatch:
         without = np.flatnonzero(with_grad == 0)
         if len(without):
             status[without] = self._absent_status(without)
+        loss_nonfinite = loss_value is not None and not np.isfinite(loss_value)
+        unwatched_nonfinite = not np.isfinite(unwatched_sq)
+        skipped = collapsed = False
+        if scale_value is not None:
+            overflowed = status == STATUS_NONFINITE
+            skipped = bool(overflowed.any()) or unwatched_nonfinite
+            # A finite loss whose scaled gradients overflowed: the scaler skips the step and
+            # halves the scale, as designed. Below the collapse threshold it never recovers.
+            collapsed = skipped and scale_value < self.scale_collapse_below
+            if skipped and not loss_nonfinite and not collapsed:
+                status[overflowed] = STATUS_SKIPPED
+                unwatched_nonfinite = False
         stats = StepStats(
             step=self._step,
             loss=loss_value,
@@ -652,8 +710,11 @@ class GradientWatch:
             inf_count=inf_count,
             status=status,
             param_grad_norm=param_norm,
-            loss_nonfinite=loss_value is not None and not np.isfinite(loss_value),
-            unwatched_nonfinite=not np.isfinite(unwatched_sq),
+            loss_nonfinite=loss_nonfinite,
+            unwatched_nonfinite=unwatched_nonfinite,
+            loss_scale=scale_value,
+            skipped=skipped,
+            scale_collapsed=collapsed,
         )
         self._step += 1
         self.last = stats
@@ -692,6 +753,40 @@ class GradientWatch:
             status[k] = STATUS_NO_GRADIENT if trainable else STATUS_FROZEN
         return status
 
+    # -- loss scaling --------------------------------------------------------------------
+    def _scale_tensor(self) -> torch.Tensor | None:
+        """The scaler's current scale as a device tensor (read with the step's one transfer),
+        or None without an enabled scaler that has scaled a loss yet."""
+        scaler = self.scaler
+        if scaler is None or not scaler.is_enabled():
+            return None
+        return getattr(scaler, "_scale", None)
+
+    def _scale_divisors(self, scale: float) -> tuple[np.ndarray, float]:
+        """What each parameter's gradient figures are divided by: the scale, or 1 for the
+        parameters of an optimizer whose gradients ``scaler.unscale_`` already divided."""
+        states = getattr(self.scaler, "_per_optimizer_states", {})
+
+        def unscaled(optimizer_id: int) -> bool:
+            stage = states.get(optimizer_id, {}).get("stage")
+            return getattr(stage, "name", "") == "UNSCALED"
+
+        if not self.optimizers:  # unknown owners: the common case of one optimizer
+            value = 1.0 if any(unscaled(key) for key in list(states)) else scale
+            return np.full(len(self._params), value), value
+        divisor = np.full(len(self._params), scale)
+        index = {id(p): i for i, p in enumerate(self._params)}
+        all_done = True
+        for optimizer in self.optimizers:
+            if not unscaled(id(optimizer)):
+                all_done = False
+                continue
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if id(p) in index:
+                        divisor[index[id(p)]] = 1.0
+        return divisor, 1.0 if all_done else scale
+
     # -- NaN/Inf episodes ---------------------------------------------------------------
     def _follow_episode(
         self, stats: StepStats, locate: Callable[[], Any] | None, batch: Any
@@ -722,6 +817,20 @@ class GradientWatch:
                 batch=batch,
                 timeout=self.locate_timeout,
             )
+        if stats.scale_collapsed:
+            origin.details["scale_collapse"] = stats.loss_scale
+            collapse = (
+                f"the loss scale collapsed to {stats.loss_scale:g}: the scaled gradients "
+                "overflow at every scale, so the scaler skips every step"
+            )
+            if origin.phase == "unknown" and "finite" in origin.details.get("reason", ""):
+                origin.details["reason"] = (
+                    f"{collapse}; the unscaled re-run was finite, so the overflow is in the "
+                    "half-precision backward itself: look for activations or gradients beyond "
+                    "65504 (normalise or clamp them, or run that layer in float32)"
+                )
+            else:
+                origin.details.setdefault("reason", collapse)
         if origin.phase == "update":
             # The weights were written by the last applied optimizer step.
             origin.step = stats.step - 1

@@ -18,6 +18,7 @@ from gradscope.core.watch import (
     STATUS_NO_GRADIENT,
     STATUS_NONFINITE,
     STATUS_OK,
+    STATUS_SKIPPED,
     STATUS_VANISHING,
 )
 
@@ -25,6 +26,7 @@ STATUS_COLORS = {
     STATUS_FROZEN: "#9e9e9e",
     STATUS_NO_GRADIENT: "#9e9e9e",
     STATUS_OK: "#2ca02c",
+    STATUS_SKIPPED: "#9467bd",
     STATUS_VANISHING: "#1f77b4",
     STATUS_EXPLODING: "#f07f0e",
     STATUS_NONFINITE: "#d62728",
@@ -39,6 +41,7 @@ STATUS_LABELS = {
     STATUS_FROZEN: "frozen",
     STATUS_NO_GRADIENT: "no gradient",
     STATUS_OK: "ok",
+    STATUS_SKIPPED: "skipped (overflow)",
     STATUS_VANISHING: "vanishing",
     STATUS_EXPLODING: "exploding",
     STATUS_NONFINITE: "NaN/Inf",

@@ -9,7 +9,8 @@ Format (``FORMAT_VERSION`` in the ``meta`` table; a reader refuses newer version
 - ``layers`` (watched layers: name, type, parameter count) and ``layer_sets`` (the layers
   each step covers, an int32 BLOB of layer positions; a new set when the watched layers
   change during a run);
-- ``steps``: one row per recorded step (step number, layer set, loss, total grad norm, flags)
+- ``steps``: one row per recorded step (step number, layer set, loss, total grad norm, flags,
+  and the loss scaler's scale, NULL without one)
   and one table per statistic (``grad_norm``, ``max_abs``, ``weight_norm``, ``update_ratio``,
   ``status``) holding one BLOB per step: the step's values for its layer set as packed
   little-endian float32 (uint8 for status). NaN/Inf are stored as they are. Tables apart let
@@ -41,7 +42,8 @@ from gradscope.core.history import STATUS_MISSING
 
 FORMAT_NAME = "gradscope-recording"
 # 2: status codes gained "frozen" (0) and "no gradient" (1) below ok (2), so that the worst
-# status is still the largest code; version 1's codes 0-3 are read as 2-5.
+# status is still the largest code, and "skipped" (3) for steps the loss scaler skips; version
+# 1's codes 0-3 (ok, vanishing, exploding, nonfinite) are read as 2, 4, 5, 6.
 FORMAT_VERSION = 2
 SUFFIX = ".gsrec"
 ORIGIN_WAIT_SECONDS = 5.0
@@ -50,6 +52,8 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 _FLAG_LOSS_GIVEN = 1
 _FLAG_LOSS_NONFINITE = 2
 _FLAG_UNWATCHED_NONFINITE = 4
+_FLAG_SKIPPED = 8  # the loss scaler skips this step (its scaled gradients overflowed)
+_FLAG_SCALE_COLLAPSED = 16
 _VALUE_TABLES = ("grad_norm", "max_abs", "weight_norm", "update_ratio")
 _DENSE_TABLES = ("grad_norm", "max_abs", "weight_norm", "status")
 
@@ -66,7 +70,7 @@ CREATE TABLE layers(
 CREATE TABLE layer_sets(id INTEGER PRIMARY KEY, positions BLOB NOT NULL);
 CREATE TABLE steps(
     row INTEGER PRIMARY KEY, step INTEGER NOT NULL, layer_set INTEGER NOT NULL,
-    loss REAL, total_grad_norm REAL, flags INTEGER NOT NULL);
+    loss REAL, total_grad_norm REAL, flags INTEGER NOT NULL, loss_scale REAL);
 CREATE TABLE grad_norm(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
 CREATE TABLE max_abs(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
 CREATE TABLE weight_norm(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
@@ -205,4 +209,4 @@ def status_codes(raw: np.ndarray, version: int) -> np.ndarray:
     """Status codes as this GradScope numbers them, from a recording of format ``version``."""
     if version >= 2:
         return raw
-    return np.where(raw == STATUS_MISSING, raw, raw + 2).astype(np.uint8)
+    return np.where(raw == STATUS_MISSING, raw, np.array([2, 4, 5, 6], np.uint8)[raw % 4])

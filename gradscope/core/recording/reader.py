@@ -31,6 +31,7 @@ from gradscope.core.origin import Origin
 from gradscope.core.recording.format import (
     _DENSE_TABLES,
     _FLAG_LOSS_GIVEN,
+    _FLAG_SKIPPED,
     _check_header,
     _connect,
     _damaged,
@@ -226,9 +227,10 @@ class RecordingReader:
             )
         else:
             selection = (span, (first_row, stop_row))
+        scale_column = "loss_scale" if self.format_version >= 2 else "NULL"
         step_rows = connection.execute(
-            "SELECT row, step, layer_set, loss, total_grad_norm, flags FROM steps "
-            f"WHERE {selection[0]} ORDER BY row",
+            f"SELECT row, step, layer_set, loss, total_grad_norm, flags, {scale_column} "
+            f"FROM steps WHERE {selection[0]} ORDER BY row",
             selection[1],
         ).fetchall()
         if follow:
@@ -269,6 +271,8 @@ class RecordingReader:
         history.step_numbers[start:end] = steps
         history.loss[start:end] = losses
         history.total_grad_norm[start:end] = totals
+        history.skipped[start:end] = (flags & _FLAG_SKIPPED) != 0
+        history.loss_scale[start:end] = [r[6] or 0.0 for r in step_rows]
 
         groups = {
             int(s): (np.flatnonzero(set_ids == s), columns[self._sets[int(s)]])

@@ -44,6 +44,8 @@ from gradscope.core.origin import Origin
 from gradscope.core.recording.format import (
     _FLAG_LOSS_GIVEN,
     _FLAG_LOSS_NONFINITE,
+    _FLAG_SCALE_COLLAPSED,
+    _FLAG_SKIPPED,
     _FLAG_UNWATCHED_NONFINITE,
     _ROW_TABLES,
     _SCHEMA,
@@ -85,7 +87,7 @@ class _Batch:
     def __init__(self) -> None:
         self.layers: list[tuple[int, str, str, int]] = []
         self.layer_sets: list[tuple[int, bytes]] = []
-        self.steps: list[tuple[int, int, int, float | None, float, int]] = []
+        self.steps: list[tuple[int, int, int, float | None, float, int, float | None]] = []
         self.values: dict[str, list[tuple[int, bytes]]] = {
             name: [] for name in (*_VALUE_TABLES, "status")
         }
@@ -455,8 +457,14 @@ class RecordingWriter:
                 flags |= _FLAG_LOSS_NONFINITE
         if stats.unwatched_nonfinite:
             flags |= _FLAG_UNWATCHED_NONFINITE
+        if stats.skipped:
+            flags |= _FLAG_SKIPPED
+        if stats.scale_collapsed:
+            flags |= _FLAG_SCALE_COLLAPSED
         # SQLite stores a NaN REAL as NULL; the flags tell a NaN loss from no loss.
-        batch.steps.append((row, step, set_id, loss, float(stats.total_grad_norm), flags))
+        batch.steps.append(
+            (row, step, set_id, loss, float(stats.total_grad_norm), flags, stats.loss_scale)
+        )
         values = batch.values
         packed = _to_float32(np.stack((stats.grad_norm, stats.max_abs, stats.weight_norm)))
         values["grad_norm"].append((row, packed[0].tobytes()))
@@ -550,8 +558,8 @@ class RecordingWriter:
                 )
             if batch.steps:
                 connection.executemany(
-                    "INSERT INTO steps(row, step, layer_set, loss, total_grad_norm, flags) "
-                    "VALUES (?,?,?,?,?,?)",
+                    "INSERT INTO steps(row, step, layer_set, loss, total_grad_norm, flags, "
+                    "loss_scale) VALUES (?,?,?,?,?,?,?)",
                     batch.steps,
                 )
                 for table, rows in batch.values.items():

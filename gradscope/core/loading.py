@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import pickle
 import sys
 import traceback
 import uuid
@@ -24,13 +25,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope.core.errors import GradScopeError, ModelScriptError
+from gradscope.core.errors import GradScopeError, ModelScriptError, out_of_memory
 
 MakeBatch = Callable[[int, torch.device], tuple[Any, Any]]
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 # Models whose architecture fixes the input size (positional embeddings, window grids).
 _FIXED_SIZE_PREFIXES = ("vit_", "maxvit_", "swin_")
+# Models whose training-mode auxiliary head needs the weights' crop size at least
+# (inception_v3's AuxLogits: a 5x5 convolution on a 17x17 map, i.e. 299x299 images), while
+# the weights' metadata gives the smaller size the main path alone accepts as min_size.
+_AT_LEAST_CROP_SIZE = ("inception_v3",)
 
 
 @dataclass
@@ -93,6 +98,12 @@ def _import_script(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     # Registered so dataclasses, pickling and relative lookups inside the script work.
     sys.modules[name] = module
+    # The script's folder goes first on sys.path, as `python script.py` puts it, so the
+    # script imports the modules next to it wherever GradScope was started. It stays there:
+    # build_model or make_batch may import them later, as under `python script.py`.
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except SyntaxError as error:
@@ -160,7 +171,20 @@ def _guarded(function: Callable[..., Any], path: Path, what: str) -> Callable[..
             return function(*args, **kwargs)
         except GradScopeError:
             raise
+        except SystemExit as error:
+            # Never a silent exit 0: the run did not finish, the script ended it.
+            raise ModelScriptError(
+                f"{path.name}: {what} called sys.exit({error.code!r}); the run cannot go on",
+                user_traceback(error, [path]),
+            ) from None
         except Exception as error:
+            memory = out_of_memory(error)
+            if memory is not None:
+                raise GradScopeError(
+                    f"{path.name}: {what} ran out of memory ({memory}) with arguments "
+                    f"{', '.join(map(str, args))}; lower --batch-size",
+                    user_traceback(error, [path])[-3:-1],
+                ) from None
             raise ModelScriptError(
                 f"{path.name}: {what} raised {type(error).__name__}: {error}",
                 user_traceback(error, [path]),
@@ -209,6 +233,8 @@ def torchvision_input_size(name: str, requested: int) -> tuple[int, list[str]]:
             notes.append(f"{name} needs {crop_size}x{crop_size} images; using that size")
         return crop_size, notes
     size = max(requested, int(min_size[0]), int(min_size[1]))
+    if name in _AT_LEAST_CROP_SIZE:
+        size = max(size, crop_size)
     if size != requested:
         notes.append(f"{name} needs images of at least {size}x{size}; using that size")
     return size, notes
@@ -261,8 +287,17 @@ def _load_state_dict(path_text: str) -> dict[str, torch.Tensor]:
         raise GradScopeError(f"no such weights file: {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise GradScopeError(
+            f"{path} holds Python objects beyond tensors, which loading with "
+            "weights_only=True refuses (unpickling them could run any code); save only the "
+            "state dict: torch.save(model.state_dict(), path)"
+        ) from None
     except Exception as error:
-        raise GradScopeError(f"{path} is not a loadable state dict: {error}") from None
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise GradScopeError(
+            f"{path} is not a loadable state dict: {type(error).__name__}: {first}"
+        ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 import sys
 import textwrap
 import traceback
@@ -355,7 +354,6 @@ def report_command(argv: Sequence[str]) -> int:
     for path, option in ((args.json, "--json"), (args.csv, "--csv")):
         if path:
             _check_output_path(path, option)
-    _check_recording_path(args.recording)
     with RecordingReader(args.recording) as reader:
         _, history = reader.load()
         live = reader.is_live()
@@ -397,21 +395,6 @@ def report_command(argv: Sequence[str]) -> int:
     if nonfinite and args.fail_on_nonfinite:
         return EXIT_NONFINITE
     return EXIT_OK
-
-
-def _check_recording_path(path_text: str) -> None:
-    """Only a regular file can be a recording: opening a FIFO (or a device) to read its
-    header would block until someone writes to it."""
-    try:
-        mode = os.stat(path_text).st_mode
-    except FileNotFoundError:
-        raise GradScopeError(f"no such recording: {path_text}") from None
-    except OSError as error:
-        raise GradScopeError(f"cannot read {path_text}: {error.strerror}") from None
-    if stat.S_ISDIR(mode):
-        raise GradScopeError(f"{path_text} is a folder, not a recording (.gsrec)")
-    if not stat.S_ISREG(mode):
-        raise GradScopeError(f"{path_text} is not a regular file, so not a recording (.gsrec)")
 
 
 def _versions() -> str:

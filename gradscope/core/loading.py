@@ -225,10 +225,13 @@ def torchvision_input_size(name: str, requested: int) -> tuple[int, list[str]]:
         weights = torchvision.models.get_model_weights(name).DEFAULT
     except (ValueError, KeyError, AttributeError):
         return requested, notes
-    crop = weights.transforms().crop_size
-    crop_size = int(crop[0] if isinstance(crop, (list, tuple)) else crop)
+    crop_size = _crop_size(weights)
     min_size = weights.meta.get("min_size", (1, 1))
     if name.startswith(_FIXED_SIZE_PREFIXES):
+        # Built without weights, the architecture takes its builder's default size: the
+        # smallest of its weights' sizes (vit_h_14's DEFAULT, SWAG E2E, rebuilds it for 518;
+        # without weights it is the 224 of its other entry).
+        crop_size = min(_crop_size(entry) for entry in type(weights))
         if requested != crop_size:
             notes.append(f"{name} needs {crop_size}x{crop_size} images; using that size")
         return crop_size, notes
@@ -238,6 +241,11 @@ def torchvision_input_size(name: str, requested: int) -> tuple[int, list[str]]:
     if size != requested:
         notes.append(f"{name} needs images of at least {size}x{size}; using that size")
     return size, notes
+
+
+def _crop_size(weights: Any) -> int:
+    crop = weights.transforms().crop_size
+    return int(crop[0] if isinstance(crop, (list, tuple)) else crop)
 
 
 def load_torchvision(name: str, image_size: int = 224, weights: str | None = None) -> LoadedModel:

@@ -169,16 +169,27 @@ def test_bad_setting(capsys, write_script):
 
 
 def test_entry_points_in_a_subprocess(write_script):
-    path = write_script(GOOD)
+    """``python -m gradscope`` and the installed ``gradscope`` console script (next to the
+    interpreter running the tests: .venv/bin/gradscope after `make test`) both run, and
+    both run the gradscope under test (the model script prints which one it imports)."""
+    import gradscope
+
+    path = write_script(
+        "import sys, gradscope\nprint('GRADSCOPE', gradscope.__file__, file=sys.stderr)\n" + GOOD
+    )
+    console_script = Path(sys.executable).parent / "gradscope"
+    assert console_script.exists(), (
+        f"no console script at {console_script}: install the package into this "
+        "interpreter's environment (make test does: pip install -e .)"
+    )
     for command in (
         [sys.executable, "-m", "gradscope", "run", str(path), "--steps", "2"],
-        [str(REPO / ".venv" / "bin" / "gradscope"), "run", str(path), "--steps", "2"],
+        [str(console_script), "run", str(path), "--steps", "2"],
     ):
-        if not (command[0] == sys.executable or (REPO / ".venv" / "bin" / "gradscope").exists()):
-            continue
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert "layer" in result.stdout and "status" in result.stdout
+        assert f"GRADSCOPE {gradscope.__file__}" in result.stderr.splitlines()
 
 
 def test_torchvision_state_dict_is_loaded_weights_only(capsys, tmp_path):

@@ -302,7 +302,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"gradscope: error: cannot write {args.json}: {written}", file=sys.stderr)
             code = max(code, EXIT_BAD_INPUT) if code != EXIT_INTERRUPTED else code
     if failure == "interrupted":
-        done = f"; the report holds the {history.count} finished step(s)" if runner else ""
+        where = " and --json hold" if args.json else " holds"
+        done = f"; the summary{where} the {history.count} finished step(s)" if runner else ""
         print(f"gradscope: interrupted{done}", file=sys.stderr)
     elif isinstance(failure, GradScopeError):
         _print_error(failure)

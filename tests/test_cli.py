@@ -285,7 +285,7 @@ def test_interrupt_during_the_steps_exits_130_and_keeps_them(capsys, write_scrip
     code, _out, err = run(capsys, path, "--steps", 6, "--json", report)
     assert code == 130
     assert err.strip().splitlines() == [
-        "gradscope: interrupted; the report holds the 3 finished step(s)"
+        "gradscope: interrupted; the summary and --json hold the 3 finished step(s)"
     ]
     data = json.loads(report.read_text())
     assert data["steps"] == [0, 1, 2] and data["error"]["step"] == 3

@@ -408,7 +408,7 @@ def test_ctrl_c_while_build_model_hangs_prints_one_line(write_script, tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
-def test_report_on_a_fifo_is_refused_not_waited_on(tmp_path, capsys):
+def test_a_fifo_is_refused_not_waited_on(tmp_path, capsys):
     fifo = tmp_path / "pipe.gsrec"
     os.mkfifo(fifo)
     # In-process with a watchdog: a blocked open() is released by opening the other end.
@@ -420,6 +420,22 @@ def test_report_on_a_fifo_is_refused_not_waited_on(tmp_path, capsys):
         timer.cancel()
     _, err = capsys.readouterr()
     assert_clean_error(code, err, str(fifo), "not a regular file")
+    script = tmp_path / "model.py"
+    os.mkfifo(script)
+    weights = tmp_path / "weights.pt"
+    os.mkfifo(weights)
+    for argv, needle in (
+        ([script], "not a regular file"),
+        (["resnet18", "--weights", weights], "not a regular file of weights"),
+    ):
+        timer = threading.Timer(20, lambda path=argv[-1]: open(path, "w").close())
+        timer.start()
+        try:
+            code = main(["run", *map(str, argv)])
+        finally:
+            timer.cancel()
+        _, err = capsys.readouterr()
+        assert_clean_error(code, err, needle)
 
 
 def test_output_cut_short_by_the_reader_is_no_error(write_script, tmp_path):

@@ -132,6 +132,8 @@ def load_script(source: str | os.PathLike[str]) -> LoadedModel:
         raise GradScopeError(f"{path} is a folder; give a model script (.py)")
     if path.suffix != ".py":
         raise GradScopeError(f"{path} is not a Python model script (.py)")
+    if not path.is_file():  # a FIFO or a device: reading it could block for ever
+        raise GradScopeError(f"{path} is not a regular file")
     module = _import_script(path)
     build = getattr(module, "build_model", None)
     if not callable(build):
@@ -293,6 +295,8 @@ def _load_state_dict(path_text: str) -> dict[str, torch.Tensor]:
     path = Path(path_text).expanduser()
     if not path.exists():
         raise GradScopeError(f"no such weights file: {path}")
+    if not path.is_file():  # a folder, a FIFO or a device
+        raise GradScopeError(f"{path} is not a regular file of weights")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:

@@ -265,10 +265,27 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if runner is not None:
             runner.close()
-    source = loaded.source if loaded is not None else args.source
-    device = str(runner.device) if runner is not None else None
+    # The report first: printing (a diagnosis that fails, a closed stdout) cannot lose it.
     if runner is not None:
-        assert loaded is not None and settings is not None
+        settings = runner.settings  # as used
+    if args.json:
+        report = build_report(
+            loaded.source if loaded is not None else args.source,
+            str(runner.device) if runner is not None else None,
+            history,
+            settings=settings.to_dict() if settings is not None else None,
+            world_size=1,  # gradscope run is one process
+        )
+        if settings is not None and settings.trace:
+            report["trace"] = trace_to_json(trace)
+        report["error"] = error
+        try:
+            write_json(report, args.json)
+        except OSError as written:
+            print(f"gradscope: error: cannot write {args.json}: {written}", file=sys.stderr)
+            code = max(code, EXIT_BAD_INPUT) if code != EXIT_INTERRUPTED else code
+    if runner is not None:
+        assert loaded is not None
         say(f"{loaded.display_name} on {runner.device}: {history.count} step(s)", end="")
         if history.count:
             say(f", loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
@@ -279,28 +296,20 @@ def _run(args: argparse.Namespace) -> int:
     if origin is not None:
         from gradscope.core.diagnosis import explain
 
-        first, *rest = explain(origin)
+        try:
+            first, *rest = explain(origin)
+        except Exception as raised:  # the run and its report stand; say what is known
+            first, rest = origin.describe(), []
+            print(
+                f"gradscope: warning: explaining the origin failed ({type(raised).__name__}: "
+                f"{raised}); this is a bug in GradScope, please report it",
+                file=sys.stderr,
+            )
         say(f"first non-finite value: {first}")
         for line in rest:
             say(textwrap.fill(line, width=100, subsequent_indent="  "))
         if runner is not None and runner.halted:
             say("stopped before applying that step's optimizer update (--keep-going continues)")
-    if args.json:
-        report = build_report(
-            source,
-            device,
-            history,
-            settings=settings.to_dict() if settings is not None else None,
-            world_size=1,
-        )
-        if settings is not None and settings.trace:
-            report["trace"] = trace_to_json(trace)
-        report["error"] = error
-        try:
-            write_json(report, args.json)
-        except OSError as written:
-            print(f"gradscope: error: cannot write {args.json}: {written}", file=sys.stderr)
-            code = max(code, EXIT_BAD_INPUT) if code != EXIT_INTERRUPTED else code
     if failure == "interrupted":
         where = " and --json hold" if args.json else " holds"
         done = f"; the summary{where} the {history.count} finished step(s)" if runner else ""
@@ -379,7 +388,7 @@ def report_command(argv: Sequence[str]) -> int:
             device,
             history,
             settings=settings,
-            world_size=int(world_size) if world_size is not None else None,
+            world_size=_count_or_none(world_size),
         )
         # A step whose loss was not given is null, as an unwatched layer's value is.
         report["loss"] = [
@@ -396,6 +405,13 @@ def report_command(argv: Sequence[str]) -> int:
     if nonfinite and args.fail_on_nonfinite:
         return EXIT_NONFINITE
     return EXIT_OK
+
+
+def _count_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _versions() -> str:

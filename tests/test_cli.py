@@ -451,3 +451,18 @@ def test_output_cut_short_by_the_reader_is_no_error(write_script, tmp_path):
     assert process.returncode == 0, err
     assert "BrokenPipe" not in err and "Traceback" not in err and "Exception" not in err
     assert json.loads(report.read_text())["steps_run"] == 2  # the rest of the work was done
+
+
+def test_a_failing_explanation_loses_nothing(capsys, write_script, tmp_path, monkeypatch):
+    import gradscope.core.diagnosis
+
+    def broken(origin):
+        raise RuntimeError("a bug in the explanation")
+
+    monkeypatch.setattr(gradscope.core.diagnosis, "explain", broken)
+    report = tmp_path / "r.json"
+    code, out, err = run(capsys, write_script(NAN), "--steps", 3, "--json", report)
+    assert code == 0
+    assert "first non-finite value: step 0: first NAN in forward" in out
+    assert "explaining the origin failed" in err and "please report" in err
+    assert json.loads(report.read_text())["first_nonfinite"]["op"] == "torch.log"

@@ -466,3 +466,28 @@ def test_a_failing_explanation_loses_nothing(capsys, write_script, tmp_path, mon
     assert "first non-finite value: step 0: first NAN in forward" in out
     assert "explaining the origin failed" in err and "please report" in err
     assert json.loads(report.read_text())["first_nonfinite"]["op"] == "torch.log"
+
+
+def test_out_of_memory_in_the_forward_keeps_the_finished_steps(capsys, write_script, tmp_path):
+    grows = GOOD.replace(
+        "def build_model():\n    return nn.Sequential(nn.Linear(10, 50), nn.ReLU(), "
+        "nn.Linear(50, 1))",
+        "class Grows(nn.Module):\n"
+        "    calls = 0\n"
+        "    def forward(self, x):\n"
+        "        Grows.calls += 1\n"
+        "        if Grows.calls == 3:\n"
+        "            return x * torch.ones(10**13, 1, device=x.device)[: len(x)]\n"
+        "        return x\n"
+        "def build_model():\n"
+        "    return nn.Sequential(nn.Linear(10, 50), Grows(), nn.Linear(50, 1))",
+    )
+    assert "Grows()" in grows
+    report = tmp_path / "r.json"
+    code, _out, err = run(capsys, write_script(grows), "--steps", 5, "--json", report)
+    assert code == 2
+    assert err.startswith("gradscope: error: the forward pass ran out of cpu memory")
+    assert "tried to allocate 36.4 TiB" in err and "at batch size 8" in err
+    assert_user_frames_only(err)
+    data = json.loads(report.read_text())
+    assert data["steps"] == [0, 1] and data["error"]["step"] == 2

@@ -5,12 +5,24 @@ it is asked for."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_NONFINITE, EXIT_BAD_INPUT = 0, 1, 2
+from gradscope.core.errors import GradScopeError
+
+# The exit-code contract (README "Exit codes"): CI pipelines gate on these.
+EXIT_OK = 0  # the run finished
+EXIT_NONFINITE = 1  # a NaN/Inf was found and --fail-on-nonfinite was given
+EXIT_BAD_INPUT = 2  # bad input, including an error in the user's own code
+EXIT_INTERNAL = 3  # a GradScope bug
+EXIT_INTERRUPTED = 130  # Ctrl+C (128 + SIGINT, as shells report it)
+
+_REPORT_BUG = "this is a bug in GradScope; please report it with the traceback below"
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -97,12 +109,72 @@ def _app_parser() -> argparse.ArgumentParser:
 
 
 def _print_error(error: Exception) -> None:
-    from gradscope.core.errors import GradScopeError
-
+    """One clear message, then the user's own frames (no "Traceback" header)."""
     message = error.message if isinstance(error, GradScopeError) else str(error)
     print(f"gradscope: error: {message}", file=sys.stderr)
     for line in getattr(error, "details", []):
         print(f"  {line}", file=sys.stderr)
+
+
+def _internal_traceback(error: BaseException) -> list[str]:
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return text.rstrip("\n").splitlines()
+
+
+def _print_internal_error(error: BaseException) -> None:
+    print(f"gradscope: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+    print(f"gradscope: {_REPORT_BUG}", file=sys.stderr)
+    for line in _internal_traceback(error):
+        print(line, file=sys.stderr)
+
+
+def _check_output_path(path_text: str, option: str) -> None:
+    """Refuse an output file that cannot be written before any work starts: a run's report
+    must not be lost at its end."""
+    path = Path(path_text).expanduser()
+    if path.is_dir():
+        raise GradScopeError(f"{option} {path_text}: is a folder; give a file path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise GradScopeError(f"{option} {path_text}: the file is not writable")
+    parent = path.parent
+    if not parent.is_dir():
+        raise GradScopeError(f"{option} {path_text}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise GradScopeError(f"{option} {path_text}: the folder {parent} is not writable")
+
+
+class _Stdout:
+    """Writes to stdout that survive a reader that went away (``gradscope run X | head``):
+    the rest of the output is dropped, the JSON is still written and the exit code still
+    says how the run went."""
+
+    closed = False
+
+    @classmethod
+    def write(cls, text: str = "", end: str = "\n") -> None:
+        if cls.closed:
+            return
+        try:
+            sys.stdout.write(text + end)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            cls.closed = True
+            _silence_stdout()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at the null device, so the interpreter's final flush of what is still
+    buffered does not report the broken pipe again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+say = _Stdout.write
 
 
 class _Progress:
@@ -131,16 +203,18 @@ class _Progress:
 
 def run_command(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(list(argv))
-    from gradscope.core.errors import GradScopeError
+    return _run(args)
 
-    try:
-        return _run(args)
-    except GradScopeError as error:
-        _print_error(error)
-        return EXIT_BAD_INPUT
+
+def _error_json(step: int | None, message: str, lines: Sequence[str]) -> dict[str, Any]:
+    """``"error"`` of a report: what stopped the run, at which step (None: before step 0)."""
+    return {"step": step, "message": message, "traceback": list(lines)}
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Load, build, run the steps; whatever stops the run (the user's code, out of memory,
+    Ctrl+C, a GradScope bug), the steps finished so far are printed and written to --json
+    with an ``"error"`` saying what stopped it, and the exit code follows the contract."""
     from gradscope.core.history import RunHistory
     from gradscope.core.loading import load_with_settings
     from gradscope.core.report import (
@@ -152,62 +226,127 @@ def _run(args: argparse.Namespace) -> int:
     )
     from gradscope.core.runner import StepRunner
 
-    loaded, settings = load_with_settings(args.source, _overrides(args), weights=args.weights)
-    for note in loaded.notes[1:] if loaded.path else loaded.notes:
-        print(f"note: {note}", file=sys.stderr)
-    runner = StepRunner(loaded, settings)
+    if args.json:
+        _check_output_path(args.json, "--json")
     history = RunHistory()
     trace: list = []
-    progress = _Progress(settings.steps)
+    loaded = settings = runner = None
+    code, error, failure = EXIT_OK, None, None
     try:
-        for result in runner.run():
-            watch = runner.watch
-            assert watch is not None
-            history.append(
-                result.step,
-                result.loss,
-                result.stats,
-                [layer.name for layer in watch.layers],
-                [layer.type_name for layer in watch.layers],
-                [layer.num_params for layer in watch.layers],
-                origin=result.origin,
+        loaded, settings = load_with_settings(args.source, _overrides(args), weights=args.weights)
+        for note in loaded.notes[1:] if loaded.path else loaded.notes:
+            print(f"note: {note}", file=sys.stderr)
+        runner = StepRunner(loaded, settings)
+        if runner.watch is not None:
+            # Every watched layer is in the report, also when step 0 fails.
+            layers = runner.watch.layers
+            history.ensure_layers(
+                [layer.name for layer in layers],
+                [layer.type_name for layer in layers],
+                [layer.num_params for layer in layers],
             )
-            trace.extend(result.trace or ())
-            progress.update(result.step + 1, result.loss)
+        progress = _Progress(settings.steps)
+        try:
+            for result in runner.run():
+                watch = runner.watch
+                assert watch is not None
+                history.append(
+                    result.step,
+                    result.loss,
+                    result.stats,
+                    [layer.name for layer in watch.layers],
+                    [layer.type_name for layer in watch.layers],
+                    [layer.num_params for layer in watch.layers],
+                    origin=result.origin,
+                )
+                trace.extend(result.trace or ())
+                progress.update(result.step + 1, result.loss)
+        finally:
+            progress.close()
     except KeyboardInterrupt:
-        progress.close()
-        print("interrupted; summary of the steps so far:", file=sys.stderr)
-    else:
-        progress.close()
+        code, failure = EXIT_INTERRUPTED, "interrupted"
+        error = _error_json(_failed_step(runner), "interrupted (Ctrl+C)", [])
+    except GradScopeError as raised:
+        code, failure = EXIT_BAD_INPUT, raised
+        error = _error_json(_failed_step(runner), raised.message, raised.details)
+    except Exception as raised:
+        code, failure = EXIT_INTERNAL, raised
+        message = f"internal error: {type(raised).__name__}: {raised}; {_REPORT_BUG}"
+        error = _error_json(_failed_step(runner), message, _internal_traceback(raised))
     finally:
-        runner.close()
-    print(f"{loaded.display_name} on {runner.device}: {history.count} step(s)", end="")
-    if history.count:
-        print(f", loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
-    else:
-        print()
-    print(summary_table(history))
-    scaler_line = mixed_precision_line(history)
-    if scaler_line:
-        print(scaler_line)
+        if runner is not None:
+            runner.close()
+    # The report first: printing (a diagnosis that fails, a closed stdout) cannot lose it.
+    if runner is not None:
+        settings = runner.settings  # as used
+    if args.json:
+        report = build_report(
+            loaded.source if loaded is not None else args.source,
+            str(runner.device) if runner is not None else None,
+            history,
+            settings=settings.to_dict() if settings is not None else None,
+            world_size=1,  # gradscope run is one process
+        )
+        if settings is not None and settings.trace:
+            report["trace"] = trace_to_json(trace)
+        report["error"] = error
+        try:
+            write_json(report, args.json)
+        except OSError as written:
+            print(f"gradscope: error: cannot write {args.json}: {written}", file=sys.stderr)
+            code = max(code, EXIT_BAD_INPUT) if code != EXIT_INTERRUPTED else code
+    if runner is not None:
+        assert loaded is not None
+        say(f"{loaded.display_name} on {runner.device}: {history.count} step(s)", end="")
+        if history.count:
+            say(f", loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
+        else:
+            say()
+        say(summary_table(history))
+        scaler_line = mixed_precision_line(history)
+        if scaler_line:
+            say(scaler_line)
     origin = history.first_nonfinite
     if origin is not None:
         from gradscope.core.diagnosis import explain
 
-        first, *rest = explain(origin)
-        print(f"first non-finite value: {first}")
+        try:
+            first, *rest = explain(origin)
+        except Exception as raised:  # the run and its report stand; say what is known
+            first, rest = origin.describe(), []
+            print(
+                f"gradscope: warning: explaining the origin failed ({type(raised).__name__}: "
+                f"{raised}); this is a bug in GradScope, please report it",
+                file=sys.stderr,
+            )
+        say(f"first non-finite value: {first}")
         for line in rest:
-            print(textwrap.fill(line, width=100, subsequent_indent="  "))
-        if runner.halted:
-            print("stopped before applying that step's optimizer update (--keep-going continues)")
-    if args.json:
-        report = build_report(loaded.source, str(runner.device), history)
-        if settings.trace:
-            report["trace"] = trace_to_json(trace)
-        write_json(report, args.json)
-    if origin is not None and args.fail_on_nonfinite:
+            say(textwrap.fill(line, width=100, subsequent_indent="  "))
+        if runner is not None and runner.halted:
+            say("stopped before applying that step's optimizer update (--keep-going continues)")
+    if failure == "interrupted":
+        where = " and --json hold" if args.json else " holds"
+        done = f"; the summary{where} the {history.count} finished step(s)" if runner else ""
+        print(f"gradscope: interrupted{done}", file=sys.stderr)
+    elif isinstance(failure, GradScopeError):
+        _print_error(failure)
+    elif failure is not None:
+        _print_internal_error(failure)
+    if isinstance(failure, Exception) and history.count:
+        print(
+            f"gradscope: step {error['step']} failed; the summary"
+            + (" and --json hold" if args.json else " holds")
+            + f" the {history.count} finished step(s)",
+            file=sys.stderr,
+        )
+    if code == EXIT_OK and origin is not None and args.fail_on_nonfinite:
         return EXIT_NONFINITE
-    return EXIT_OK
+    return code
+
+
+def _failed_step(runner: Any) -> int | None:
+    """The step that was running when the run stopped (None: before step 0 started)."""
+    return None if runner is None else int(runner.step_index)
 
 
 def _report_parser() -> argparse.ArgumentParser:
@@ -232,7 +371,6 @@ def _report_parser() -> argparse.ArgumentParser:
 def report_command(argv: Sequence[str]) -> int:
     """``gradscope report RECORDING``: the summary and JSON of ``run``, from a recording."""
     args = _report_parser().parse_args(list(argv))
-    from gradscope.core.errors import GradScopeError
     from gradscope.core.recording import RecordingReader, write_csv
     from gradscope.core.report import (
         build_report,
@@ -242,47 +380,60 @@ def report_command(argv: Sequence[str]) -> int:
     )
     from gradscope.core.watch import STATUS_NONFINITE
 
-    try:
-        with RecordingReader(args.recording) as reader:
-            _, history = reader.load()
-            live = reader.is_live()
-            loss_recorded = reader.loss_recorded
-            source, device = reader.source, reader.device
-        print(f"{source} on {device}: {history.count} step(s)", end="")
-        if loss_recorded.any():
-            losses = history.losses[loss_recorded]
-            print(f", loss {losses[0]:.4g} -> {losses[-1]:.4g}")
-        else:
-            print()
-        if live:
-            print("note: the recording is still being written", file=sys.stderr)
-        print(summary_table(history))
-        scaler_line = mixed_precision_line(history)
-        if scaler_line:
-            print(scaler_line)
-        origin = history.first_nonfinite
-        if origin is not None:
-            print(f"first non-finite value: {origin.describe()}")
-        if args.json:
-            report = build_report(source, device, history)
-            # A step whose loss was not given is null, as an unwatched layer's value is.
-            report["loss"] = [
-                v if given else None
-                for v, given in zip(report["loss"], loss_recorded.tolist(), strict=True)
-            ]
-            try:
-                write_json(report, args.json)
-            except OSError as error:
-                raise GradScopeError(f"cannot write {args.json}: {error.strerror}") from None
-        if args.csv:
-            write_csv(history, args.csv)
-    except GradScopeError as error:
-        _print_error(error)
-        return EXIT_BAD_INPUT
+    for path, option in ((args.json, "--json"), (args.csv, "--csv")):
+        if path:
+            _check_output_path(path, option)
+    with RecordingReader(args.recording) as reader:
+        _, history = reader.load()
+        live = reader.is_live()
+        loss_recorded = reader.loss_recorded
+        source, device = reader.source, reader.device
+        settings, world_size = reader.settings, reader.info.get("world_size")
+    say(f"{source} on {device}: {history.count} step(s)", end="")
+    if loss_recorded.any():
+        losses = history.losses[loss_recorded]
+        say(f", loss {losses[0]:.4g} -> {losses[-1]:.4g}")
+    else:
+        say()
+    if live:
+        print("note: the recording is still being written", file=sys.stderr)
+    say(summary_table(history))
+    scaler_line = mixed_precision_line(history)
+    if scaler_line:
+        say(scaler_line)
+    origin = history.first_nonfinite
+    if origin is not None:
+        say(f"first non-finite value: {origin.describe()}")
+    if args.json:
+        report = build_report(
+            source,
+            device,
+            history,
+            settings=settings,
+            world_size=_count_or_none(world_size),
+        )
+        # A step whose loss was not given is null, as an unwatched layer's value is.
+        report["loss"] = [
+            v if given else None
+            for v, given in zip(report["loss"], loss_recorded.tolist(), strict=True)
+        ]
+        try:
+            write_json(report, args.json)
+        except OSError as error:
+            raise GradScopeError(f"cannot write {args.json}: {error.strerror}") from None
+    if args.csv:
+        write_csv(history, args.csv)
     nonfinite = origin is not None or bool((history.status_matrix() == STATUS_NONFINITE).any())
     if nonfinite and args.fail_on_nonfinite:
         return EXIT_NONFINITE
     return EXIT_OK
+
+
+def _count_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _versions() -> str:
@@ -350,8 +501,7 @@ def open_command(argv: Sequence[str]) -> int:
     return launch(model=None, overrides={}, screenshot=args.screenshot, recording=args.recording)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "run":
         return run_command(argv[1:])
     if argv and argv[0] == "report":
@@ -359,6 +509,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "open":
         return open_command(argv[1:])
     return app_command(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The exit-code contract holds whatever happens: 2 with one message for bad input
+    (the user's own frames after it), 3 with "please report" and the traceback for a
+    GradScope bug, 130 with one line for Ctrl+C."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _Stdout.closed = False
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt:
+        print("gradscope: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except GradScopeError as error:
+        _print_error(error)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # stdout's reader went away outside say() (argparse's --help | head, say)
+        _silence_stdout()
+        return EXIT_OK
+    except Exception as error:
+        _print_internal_error(error)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -120,3 +120,26 @@ def test_extend_with_a_repeated_layer_name_equals_appending() -> None:
     batched.extend(steps, names)
     assert len(one_by_one.events) == 4
     assert one_by_one.events == batched.events
+
+
+def test_rewind_drops_an_update_origin_with_its_event() -> None:
+    """An "update" origin names the step whose optimizer step wrote the bad weights (k - 1);
+    it was found at step k, and its event is at k. Rewinding to k forgets both, or neither."""
+    rng = np.random.default_rng(3)
+    names = ["a", "b"]
+    history = RunHistory()
+    origin = Origin(step=3, phase="update", module="a", tensor="weight", kind="nan")
+    for step, loss, stats, _ in _steps(names, 6, 0, rng):
+        history.append(step, loss, stats, names, origin=origin if step == 4 else None)
+    assert [e.step for e in history.events if e.kind == "origin"] == [4]
+    history.rewind_to(4)
+    assert history.first_nonfinite is None
+    assert not [e for e in history.events if e.kind == "origin"]
+    # The re-run of step 4 finds it again, with its event.
+    for step, loss, stats, _ in _steps(names, 1, 4, rng):
+        history.append(step, loss, stats, names, origin=origin)
+    assert history.first_nonfinite is origin
+    assert [e.step for e in history.events if e.kind == "origin"] == [4]
+    history.rewind_to(5)  # a rewind after it keeps both
+    assert history.first_nonfinite is origin
+    assert [e.step for e in history.events if e.kind == "origin"] == [4]

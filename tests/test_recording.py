@@ -560,15 +560,26 @@ def test_report_json_has_the_schema_of_run_json(tmp_path, capsys, write_script):
     run_data = json.loads(run_json.read_text())
     report_text = report_json.read_text()
     report_data = json.loads(report_text, parse_constant=pytest.fail)  # strict JSON
-    assert keys(report_data) == keys(run_data)
+    # The settings are each run's own (RunSettings for `run`, the dict given to watch()).
+    assert keys({**report_data, "settings": None}) == keys({**run_data, "settings": None})
     assert set(report_data) == {
         "source",
         "device",
+        "world_size",
+        "settings",
         "steps_run",
+        "steps",
         "loss",
+        "total_grad_norm",
         "first_nonfinite",
+        "error",
         "layers",
     }
+    assert report_data["settings"] == {"source": str(script)}
+    assert report_data["world_size"] is None and run_data["world_size"] == 1  # not recorded
+    assert report_data["steps"] == run_data["steps"] == [0]
+    assert report_data["total_grad_norm"] == run_data["total_grad_norm"] == ["nan"]
+    assert report_data["error"] is None
     assert report_data["source"] == run_data["source"] == str(script)
     assert report_data["device"] == run_data["device"] == "cpu"
     assert report_data["steps_run"] == run_data["steps_run"] == 1
@@ -730,3 +741,81 @@ def test_rewind_drops_the_abandoned_branch_for_readers_and_followers(tmp_path):
         ]
         assert "nonfinite" not in {history.worst(n) for n in history.layer_names}
         assert history.first_nonfinite is None
+
+
+def test_report_json_steps_and_total_grad_norm_after_a_rewind(tmp_path, capsys):
+    path = tmp_path / "rewound.gsrec"
+    model = small_model()
+    watch = GradientWatch(model)
+    writer = RecordingWriter(path, build_module_tree(model), settings={"lr": 0.05})
+    collected = train(watch, model, 4)
+    for stats in collected:
+        writer.append(stats, watch.layers)
+    writer.rewind_to(2)
+    watch._step = 2
+    for stats in train(watch, model, 3):
+        collected.append(stats)
+        writer.append(stats, watch.layers)
+    writer.close()
+    report = tmp_path / "r.json"
+    assert main(["report", str(path), "--json", str(report)]) == 0
+    capsys.readouterr()
+    data = json.loads(report.read_text())
+    assert data["steps"] == [0, 1, 2, 3, 4]
+    expected = [s.total_grad_norm for s in collected[:2] + collected[4:]]
+    np.testing.assert_allclose(data["total_grad_norm"], expected, rtol=1e-12)
+    assert data["settings"] == {"lr": 0.05}
+
+
+def test_invalid_settings_json_is_one_clear_error(tmp_path, capsys):
+    path = finished_recording(tmp_path, steps=2)
+    for text, needle in (("{bad", "not valid JSON"), ("[1, 2]", "a JSON list")):
+        connection = sqlite3.connect(path)
+        connection.execute("UPDATE meta SET value = ? WHERE key = 'settings'", (text,))
+        connection.commit()
+        connection.close()
+        with pytest.raises(GradScopeError, match=needle):
+            RecordingReader(path)
+        assert_report_error(capsys, path, needle)
+
+
+def test_a_failed_writer_releases_its_lock_at_once(tmp_path, monkeypatch):
+    path = tmp_path / "failing.gsrec"
+    model = small_model()
+    watch = GradientWatch(model)
+    collected = train(watch, model, 3)
+    writer = RecordingWriter(path, build_module_tree(model), commit_steps=1)
+    writer.append(collected[0], watch.layers)
+    writer.flush()
+    assert RecordingReader(path).is_live()
+
+    def fail(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer, "_pack", fail)  # the writer thread's next batch fails
+    writer.append(collected[1], watch.layers)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        with pytest.raises(GradScopeError, match="No space left"):
+            writer.flush()
+    with RecordingReader(path) as reader:
+        assert not reader.is_live()  # not "live" for the next 30 s
+        assert reader.row_count() == 1
+    writer.close()
+
+
+def test_report_output_cut_short_by_the_reader_is_no_error(tmp_path):
+    path = finished_recording(tmp_path, steps=3)
+    report = tmp_path / "r.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gradscope", "report", str(path), "--json", str(report)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process.stdout.close()  # `| head` that has read enough
+    err = process.stderr.read()
+    process.wait(timeout=120)
+    assert process.returncode == 0, err
+    assert "BrokenPipe" not in err and "Traceback" not in err
+    assert json.loads(report.read_text())["steps_run"] == 3

@@ -163,3 +163,83 @@ def test_clip_none_overrides_a_scripts_clip(write_script):
     path = write_script(NAN_SCRIPT.replace('"lr": 0.1}', '"lr": 0.1, "clip": 1.0}'))
     assert load_with_settings(str(path), {})[1].clip == 1.0
     assert load_with_settings(str(path), {"clip": None})[1].clip is None
+
+
+def test_rewind_then_the_current_settings_apply():
+    """Rewind restores the model and optimizer state, then the current settings: the
+    learning rate shown is the one the optimizer uses."""
+    loaded, settings = load_with_settings(
+        SEED_SCRIPT,
+        {"steps": 4, "lr": 0.05, "loss_scale": 1.0, "rewind_depth": 5, "momentum": 0.9},
+    )
+    runner = StepRunner(loaded, settings)
+    for _ in range(3):
+        runner.step()
+    runner.apply_settings(runner.settings.replaced(lr=0.5, momentum=0.5, weight_decay=1e-4))
+    runner.rewind(1)
+    group = runner.optimizer.param_groups[0]
+    assert (group["lr"], group["momentum"], group["weight_decay"]) == (0.5, 0.5, 1e-4)
+    assert runner.settings.lr == 0.5
+    assert runner.optimizer.state  # the momentum buffers of step 0 are back
+    runner.step()
+    assert runner.optimizer.param_groups[0]["lr"] == 0.5
+
+
+def test_switching_the_optimizer_then_rewinding():
+    loaded, settings = load_with_settings(
+        SEED_SCRIPT, {"steps": 6, "lr": 0.01, "loss_scale": 1.0, "rewind_depth": 10}
+    )
+    runner = StepRunner(loaded, settings)
+    runner.step()
+    runner.step()
+    runner.apply_settings(runner.settings.replaced(optimizer="adam", lr=1e-3))
+    runner.step()  # step 2 with Adam
+    runner.step()  # step 3
+    runner.rewind(1)  # kept under SGD: the current optimizer (Adam) starts fresh
+    assert isinstance(runner.optimizer, torch.optim.Adam)
+    assert runner.optimizer.param_groups[0]["lr"] == 1e-3
+    result = runner.step()  # raised KeyError: 'step' (SGD's state loaded into Adam)
+    assert math.isfinite(result.loss)
+    runner.step()
+    runner.step()  # step 3, kept under Adam
+    runner.rewind(3)
+    assert isinstance(runner.optimizer, torch.optim.Adam)
+    assert all("step" in state for state in runner.optimizer.state.values())
+    runner.step()
+
+
+COUNTED = """
+import torch
+from torch import nn
+
+CALLS = []
+
+class Blowup(nn.Module):
+    def forward(self, x):
+        return x / (0.0 if len(CALLS) == 3 else 1.0)
+
+def build_model():
+    return nn.Sequential(nn.Linear(3, 5), Blowup(), nn.Linear(5, 1))
+
+def make_batch(batch_size, device):
+    CALLS.append(batch_size)
+    return torch.randn(batch_size, 3, device=device), torch.randn(batch_size, 1, device=device)
+"""
+
+
+def test_make_batch_is_called_exactly_once_per_step(write_script):
+    """Also in trace mode, at the NaN step whose diagnosis re-runs the forward, and after
+    a rewind."""
+    for trace in (False, True):
+        loaded, settings = load_with_settings(
+            str(write_script(COUNTED, f"counted_{trace}.py")),
+            {"steps": 5, "keep_going": True, "trace": trace, "rewind_depth": 5},
+        )
+        calls = loaded.make_batch.__wrapped__.__globals__["CALLS"]
+        runner = StepRunner(loaded, settings)
+        results = list(runner.run())
+        assert len(calls) == len(results) == 5
+        assert results[2].origin is not None  # the diagnosis re-ran step 2's forward
+        runner.rewind(3)
+        runner.step()
+        assert len(calls) == 6

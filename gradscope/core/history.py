@@ -294,9 +294,16 @@ class RunHistory:
         self.loss_scale[keep : self.count] = 0.0
         self.skipped[keep : self.count] = False
         self.count = keep
+        # The origin goes with its event: both belong to the step that found it, which for
+        # an "update" origin is one step after the origin's own (the optimizer step that
+        # wrote the weights); the new branch re-runs that step and finds it again.
+        found_at = next((e.step for e in self.events if e.kind == "origin"), None)
         self.events = [event for event in self.events if event.step < step]
-        if self.first_nonfinite is not None and self.first_nonfinite.step >= step:
-            self.first_nonfinite = None
+        if self.first_nonfinite is not None:
+            if found_at is None:
+                found_at = self.first_nonfinite.step
+            if found_at >= step:
+                self.first_nonfinite = None
         status = self._status[:keep, : len(self.layer_names)]
         measured = np.where(status == STATUS_MISSING, 0, status)
         worst = measured.max(axis=0) if keep else np.zeros(len(self.layer_names), np.uint8)

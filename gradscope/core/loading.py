@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import pickle
 import sys
 import traceback
 import uuid
@@ -24,13 +25,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope.core.errors import GradScopeError, ModelScriptError
+from gradscope.core.errors import GradScopeError, ModelScriptError, out_of_memory
 
 MakeBatch = Callable[[int, torch.device], tuple[Any, Any]]
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 # Models whose architecture fixes the input size (positional embeddings, window grids).
 _FIXED_SIZE_PREFIXES = ("vit_", "maxvit_", "swin_")
+# Models whose training-mode auxiliary head needs the weights' crop size at least
+# (inception_v3's AuxLogits: a 5x5 convolution on a 17x17 map, i.e. 299x299 images), while
+# the weights' metadata gives the smaller size the main path alone accepts as min_size.
+_AT_LEAST_CROP_SIZE = ("inception_v3",)
 
 
 @dataclass
@@ -93,6 +98,12 @@ def _import_script(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     # Registered so dataclasses, pickling and relative lookups inside the script work.
     sys.modules[name] = module
+    # The script's folder goes first on sys.path, as `python script.py` puts it, so the
+    # script imports the modules next to it wherever GradScope was started. It stays there:
+    # build_model or make_batch may import them later, as under `python script.py`.
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except SyntaxError as error:
@@ -121,6 +132,8 @@ def load_script(source: str | os.PathLike[str]) -> LoadedModel:
         raise GradScopeError(f"{path} is a folder; give a model script (.py)")
     if path.suffix != ".py":
         raise GradScopeError(f"{path} is not a Python model script (.py)")
+    if not path.is_file():  # a FIFO or a device: reading it could block for ever
+        raise GradScopeError(f"{path} is not a regular file")
     module = _import_script(path)
     build = getattr(module, "build_model", None)
     if not callable(build):
@@ -160,7 +173,20 @@ def _guarded(function: Callable[..., Any], path: Path, what: str) -> Callable[..
             return function(*args, **kwargs)
         except GradScopeError:
             raise
+        except SystemExit as error:
+            # Never a silent exit 0: the run did not finish, the script ended it.
+            raise ModelScriptError(
+                f"{path.name}: {what} called sys.exit({error.code!r}); the run cannot go on",
+                user_traceback(error, [path]),
+            ) from None
         except Exception as error:
+            memory = out_of_memory(error)
+            if memory is not None:
+                raise GradScopeError(
+                    f"{path.name}: {what} ran out of memory ({memory}) with arguments "
+                    f"{', '.join(map(str, args))}; lower --batch-size",
+                    user_traceback(error, [path])[-3:-1],
+                ) from None
             raise ModelScriptError(
                 f"{path.name}: {what} raised {type(error).__name__}: {error}",
                 user_traceback(error, [path]),
@@ -201,17 +227,27 @@ def torchvision_input_size(name: str, requested: int) -> tuple[int, list[str]]:
         weights = torchvision.models.get_model_weights(name).DEFAULT
     except (ValueError, KeyError, AttributeError):
         return requested, notes
-    crop = weights.transforms().crop_size
-    crop_size = int(crop[0] if isinstance(crop, (list, tuple)) else crop)
+    crop_size = _crop_size(weights)
     min_size = weights.meta.get("min_size", (1, 1))
     if name.startswith(_FIXED_SIZE_PREFIXES):
+        # Built without weights, the architecture takes its builder's default size: the
+        # smallest of its weights' sizes (vit_h_14's DEFAULT, SWAG E2E, rebuilds it for 518;
+        # without weights it is the 224 of its other entry).
+        crop_size = min(_crop_size(entry) for entry in type(weights))
         if requested != crop_size:
             notes.append(f"{name} needs {crop_size}x{crop_size} images; using that size")
         return crop_size, notes
     size = max(requested, int(min_size[0]), int(min_size[1]))
+    if name in _AT_LEAST_CROP_SIZE:
+        size = max(size, crop_size)
     if size != requested:
         notes.append(f"{name} needs images of at least {size}x{size}; using that size")
     return size, notes
+
+
+def _crop_size(weights: Any) -> int:
+    crop = weights.transforms().crop_size
+    return int(crop[0] if isinstance(crop, (list, tuple)) else crop)
 
 
 def load_torchvision(name: str, image_size: int = 224, weights: str | None = None) -> LoadedModel:
@@ -259,10 +295,21 @@ def _load_state_dict(path_text: str) -> dict[str, torch.Tensor]:
     path = Path(path_text).expanduser()
     if not path.exists():
         raise GradScopeError(f"no such weights file: {path}")
+    if not path.is_file():  # a folder, a FIFO or a device
+        raise GradScopeError(f"{path} is not a regular file of weights")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise GradScopeError(
+            f"{path} holds Python objects beyond tensors, which loading with "
+            "weights_only=True refuses (unpickling them could run any code); save only the "
+            "state dict: torch.save(model.state_dict(), path)"
+        ) from None
     except Exception as error:
-        raise GradScopeError(f"{path} is not a loadable state dict: {error}") from None
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise GradScopeError(
+            f"{path} is not a loadable state dict: {type(error).__name__}: {first}"
+        ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

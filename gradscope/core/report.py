@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.core.history import MISSING, STATISTICS, RunHistory
+from gradscope.core.history import MISSING, STATISTICS, STATUS_MISSING, RunHistory
 from gradscope.core.origin import Origin
 
 ORIGIN_FIELDS = ("step", "phase", "module", "tensor", "kind", "op", "file", "line", "code")
@@ -57,27 +57,50 @@ def origin_to_json(origin: Origin | None) -> dict[str, Any] | None:
     return result
 
 
-def build_report(source: str, device: str, history: RunHistory) -> dict[str, Any]:
+def build_report(
+    source: str,
+    device: str | None,
+    history: RunHistory,
+    *,
+    settings: dict[str, Any] | None = None,
+    world_size: int | None = None,
+) -> dict[str, Any]:
+    """The report of ``history``. ``steps`` are the step numbers of the rows (after a
+    rewind they need not count from 0), ``total_grad_norm`` the norm over every gradient of
+    the step (null where the step was not watched), ``settings`` the run's settings as used,
+    ``world_size`` the number of processes the statistics cover (null when unknown), and
+    ``error`` what stopped the run (null when it finished; ``gradscope run`` fills it). A
+    layer that no step measured has status null."""
     layers = []
     for name, type_name, params in zip(
         history.layer_names, history.layer_types, history.layer_params, strict=True
     ):
+        measured = bool((history.status_matrix()[:, history.column(name)] != STATUS_MISSING).any())
         entry: dict[str, Any] = {
             "name": name,
             "type": type_name,
             "params": params,
-            "status": history.worst(name),
+            "status": history.worst(name) if measured else None,
         }
         for statistic in STATISTICS:
             entry[statistic] = _series(history.series(statistic, name))
         layers.append(entry)
+    watched = (history.status_matrix() != STATUS_MISSING).any(axis=1).tolist()
+    total = history.total_grad_norm[: history.count].tolist()
     return {
         "source": source,
         "device": device,
+        "world_size": world_size,
+        "settings": _json_safe(settings),
         "steps_run": int(history.count),
+        "steps": [int(step) for step in history.steps.tolist()],
         "loss": [json_number(v) for v in history.losses.tolist()],
+        "total_grad_norm": [
+            json_number(v) if seen else None for v, seen in zip(total, watched, strict=True)
+        ],
         "first_nonfinite": origin_to_json(history.first_nonfinite),
         **mixed_precision_json(history),
+        "error": None,
         "layers": layers,
     }
 

@@ -19,7 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope.core.errors import BatchMismatchError, GradScopeError, ModelScriptError
+from gradscope.core.errors import (
+    BatchMismatchError,
+    GradScopeError,
+    ModelScriptError,
+    out_of_memory,
+)
 from gradscope.core.loading import LoadedModel, user_traceback
 from gradscope.core.module_tree import ModuleTree, build_module_tree
 from gradscope.core.origin import Origin
@@ -106,6 +111,36 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
     return nn.functional.mse_loss(output, target)
 
 
+def _default_loss_error(error: Exception, output: Any, target: Any) -> GradScopeError:
+    """What the default loss could not do with this output and target, in their shapes."""
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(output, dict):
+        output = output.get("out", next(iter(output.values()), None))
+    if isinstance(output, (tuple, list)) and output:
+        output = output[0]
+    if not (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)):
+        return BatchMismatchError(f"the default loss failed: {first}")
+    shapes = f"output {tuple(output.shape)}, target {tuple(target.shape)}"
+    if not target.is_floating_point() and not target.is_complex():
+        if target.dim() >= 1 and output.dim() >= 1 and target.shape[0] != output.shape[0]:
+            return BatchMismatchError(
+                f"the target has {target.shape[0]} labels for a batch of {output.shape[0]} "
+                f"({shapes}); make_batch() must give one label per example"
+            )
+        classes = output.shape[1] if output.dim() >= 2 else output.shape[0]
+        if target.numel():
+            low, high = int(target.min()), int(target.max())
+            if low < 0 or high >= classes:
+                return BatchMismatchError(
+                    f"the target holds class labels {low}..{high} but the model's output has "
+                    f"{classes} classes, so labels must be 0..{classes - 1} ({shapes})"
+                )
+    return BatchMismatchError(
+        f"the default loss (cross-entropy for integer targets, else MSE) failed on {shapes}: "
+        f"{first}; make them fit in make_batch() or define loss_fn()"
+    )
+
+
 def _failing_module(model: nn.Module, error: BaseException) -> str | None:
     """The innermost module of ``model`` on the traceback: where a forward error happened."""
     names = {id(m): n for n, m in model.named_modules()}
@@ -140,6 +175,7 @@ class _Snapshot:
     step: int
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
+    optimizer_kind: str  # settings.optimizer when it was taken: whose state ``optimizer`` is
     rng: tuple[torch.Tensor, torch.Tensor | None]
     first_nonfinite: Origin | None
     watch_step: int
@@ -255,11 +291,7 @@ class StepRunner:
         if settings.optimizer != old.optimizer:
             self.optimizer = _build_optimizer(self.model, settings)
         else:
-            for group in self.optimizer.param_groups:
-                group["lr"] = settings.lr
-                group["weight_decay"] = settings.weight_decay
-                if "momentum" in group:
-                    group["momentum"] = settings.momentum
+            self._set_hyperparameters()
         if self.watch is not None:
             self.watch.explode_threshold = settings.explode_threshold
             self.watch.vanish_threshold = settings.vanish_threshold
@@ -268,9 +300,31 @@ class StepRunner:
                 self.set_layers(settings.layers)
         self.halted = False
 
+    def _set_hyperparameters(self) -> None:
+        """The optimizer's learning rate, weight decay and momentum from the settings."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.settings.lr
+            group["weight_decay"] = self.settings.weight_decay
+            if "momentum" in group:
+                group["momentum"] = self.settings.momentum
+
     # -- stepping --------------------------------------------------------------------
     def _batch(self) -> tuple[Any, Any]:
-        batch = self.loaded.make_batch(self.settings.batch_size, self.device)
+        try:
+            batch = self.loaded.make_batch(self.settings.batch_size, self.device)
+        except GradScopeError:
+            raise
+        except Exception as error:
+            memory = out_of_memory(error)
+            if memory is None:
+                raise
+            size = self.loaded.image_size
+            images = f" of {size}x{size} images" if size is not None else ""
+            raise GradScopeError(
+                f"a batch of {self.settings.batch_size}{images} does not fit in {self.device} "
+                f"memory ({memory}); lower --batch-size"
+                + (" or --image-size" if size is not None else "")
+            ) from None
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise ModelScriptError(
                 "make_batch(batch_size, device) must return (inputs, target), "
@@ -290,16 +344,25 @@ class StepRunner:
                 output = call_model(self.model, inputs)
         except GradScopeError:
             raise
-        except torch.cuda.OutOfMemoryError:
-            raise GradScopeError(
-                f"CUDA out of memory at batch size {self.settings.batch_size}; lower the "
-                "batch size or the image size"
-            ) from None
-        except Exception as error:
+        except (Exception, SystemExit) as error:
+            memory = out_of_memory(error)
+            if memory is not None:
+                raise GradScopeError(
+                    f"the forward pass ran out of {self.device} memory ({memory}) at batch "
+                    f"size {self.settings.batch_size}; lower --batch-size"
+                    + (" or --image-size" if self.loaded.image_size is not None else "")
+                ) from None
             raise self._forward_error(error, inputs) from error
-        loss_fn = self.loaded.loss_fn or default_loss
         with self._autocast():
-            loss = loss_fn(output, target)
+            if self.loaded.loss_fn is not None:
+                loss = self.loaded.loss_fn(output, target)
+            else:
+                try:
+                    loss = default_loss(output, target)
+                except GradScopeError:
+                    raise
+                except Exception as error:
+                    raise _default_loss_error(error, output, target) from None
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ModelScriptError(
                 f"the loss must be a single-element tensor, got {describe_structure(loss)}"
@@ -309,7 +372,7 @@ class StepRunner:
             loss = loss * self.settings.loss_scale
         return loss
 
-    def _forward_error(self, error: Exception, inputs: Any) -> GradScopeError:
+    def _forward_error(self, error: BaseException, inputs: Any) -> GradScopeError:
         module = _failing_module(self.model, error)
         where = f" in module {module or '(model root)'!r}" if module is not None else ""
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -321,6 +384,10 @@ class StepRunner:
                 f"the batch does not fit the model: inputs {describe_structure(inputs)} "
                 f"failed{where}: {first_line}",
                 lines,
+            )
+        if isinstance(error, SystemExit):
+            return ModelScriptError(
+                f"the model's forward called sys.exit({error.code!r}){where}", lines
             )
         return ModelScriptError(
             f"the model's forward raised {type(error).__name__}{where}: {first_line}", lines
@@ -375,11 +442,18 @@ class StepRunner:
         try:
             if loss.requires_grad:
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        except torch.cuda.OutOfMemoryError:
-            raise GradScopeError("CUDA out of memory in backward; lower the batch size") from None
-        except RuntimeError as error:
+        except GradScopeError:
+            raise
+        except (Exception, SystemExit) as error:
+            memory = out_of_memory(error)
+            if memory is not None:
+                raise GradScopeError(
+                    f"backward ran out of {self.device} memory ({memory}) at batch size "
+                    f"{self.settings.batch_size}; lower --batch-size"
+                ) from None
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise ModelScriptError(
-                f"backward failed: {str(error).splitlines()[0]}",
+                f"backward failed: {type(error).__name__}: {first}",
                 user_traceback(error, self._user_files),
             ) from error
         return loss
@@ -430,6 +504,7 @@ class StepRunner:
                 step=self.step_index,
                 model={k: v.detach().clone() for k, v in self.model.state_dict().items()},
                 optimizer=copy.deepcopy(self.optimizer.state_dict()),
+                optimizer_kind=self.settings.optimizer,
                 rng=_capture_rng(self.device),
                 first_nonfinite=self.first_nonfinite,
                 watch_step=self.watch.step if self.watch is not None else 0,
@@ -454,7 +529,9 @@ class StepRunner:
     def rewind(self, step: int) -> None:
         """Go back to just before ``step``: weights, optimizer state and random state as they
         were, so the same settings reproduce the same losses bit for bit; change settings
-        first for a what-if. Later snapshots are dropped (their branch is gone)."""
+        first for a what-if. The current settings then apply (learning rate, momentum, weight
+        decay; an optimizer other than the snapshot's starts fresh). Later snapshots are
+        dropped (their branch is gone)."""
         index = next((i for i, s in enumerate(self._snapshots) if s.step == step), None)
         if index is None:
             raise GradScopeError(
@@ -463,9 +540,17 @@ class StepRunner:
         snapshot = self._snapshots[index]
         del self._snapshots[index:]
         self.model.load_state_dict(snapshot.model)
-        self.optimizer.load_state_dict(snapshot.optimizer)
+        if snapshot.optimizer_kind == self.settings.optimizer:
+            self.optimizer.load_state_dict(snapshot.optimizer)
+        else:
+            # The kept state belongs to the optimizer used then (SGD's momentum buffers have
+            # no Adam "step"): the current one starts fresh, as apply_settings() does.
+            self.optimizer = _build_optimizer(self.model, self.settings)
         if self.scaler is not None and snapshot.scaler is not None:
             self.scaler.load_state_dict(snapshot.scaler)
+        # The state dict brought back that step's learning rate etc.; the current settings
+        # are what the run goes on with (and what the app shows).
+        self._set_hyperparameters()
         _restore_rng(snapshot.rng, self.device)
         self.first_nonfinite = snapshot.first_nonfinite
         self.step_index = snapshot.step

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,11 @@ def _check_header(path: Path) -> None:
         raise GradScopeError(f"no such recording: {path}")
     if path.is_dir():
         raise GradScopeError(f"{path} is a folder, not a recording")
-    size = path.stat().st_size
+    status = path.stat()
+    if not stat.S_ISREG(status.st_mode):
+        # Opening a FIFO (or a device) to read its header would block until someone writes.
+        raise GradScopeError(f"{path} is not a regular file, so not a recording")
+    size = status.st_size
     with open(path, "rb") as file:
         header = file.read(100)
     if not header.startswith(_SQLITE_MAGIC):

@@ -42,6 +42,26 @@ from gradscope.core.recording.lock import _lock_is_held
 
 
 # -- reading ------------------------------------------------------------------------------
+def _settings_of(text: Any, path: Path) -> dict[str, Any]:
+    """The recorded run settings: a JSON object (or nothing)."""
+    if text is None or text == "":
+        return {}
+    try:
+        settings = json.loads(text)
+    except (TypeError, ValueError) as error:
+        raise GradScopeError(
+            f"{path} is damaged: its run settings are not valid JSON ({error})"
+        ) from None
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise GradScopeError(
+            f"{path} is damaged: its run settings are a JSON {type(settings).__name__}, "
+            "not an object"
+        )
+    return settings
+
+
 class RecordingReader:
     """Read a recording, also while another process writes it.
 
@@ -63,7 +83,7 @@ class RecordingReader:
             meta = _read_meta(self._connection, self.path)
             self.format_version: int = meta["format_version"]
             self._created = meta.get("created")
-            self.settings: dict[str, Any] = json.loads(meta["settings"] or "null") or {}
+            self.settings: dict[str, Any] = _settings_of(meta.get("settings"), self.path)
             self.info: dict[str, str] = {
                 key[5:]: value for key, value in meta.items() if key.startswith("info.")
             }

@@ -376,6 +376,7 @@ class RecordingWriter:
                     marker.set()
         except BaseException as error:  # disk full, file removed, lock taken over...
             self._failure = error
+            self._release_lock()
             warnings.warn(
                 f"recording to {self.path} stopped: {error}", RuntimeWarning, stacklevel=1
             )
@@ -386,6 +387,17 @@ class RecordingWriter:
                 self._connection.close()
             except sqlite3.Error:
                 pass
+
+    def _release_lock(self) -> None:
+        """After a failure: this writer writes no more, so readers must not see the file as
+        live until its heartbeat goes stale (30 s). Only our own lock row goes (a writer that
+        was taken over leaves the new owner's); best effort, the file may be gone."""
+        try:
+            if self._connection.in_transaction:
+                self._connection.execute("ROLLBACK")
+            self._connection.execute("DELETE FROM writer_lock WHERE token = ?", (self._token,))
+        except sqlite3.Error:
+            pass
 
     def _drain(self) -> None:
         # Unblock flush() callers after a failure; the queued steps are lost.

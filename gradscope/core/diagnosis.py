@@ -55,6 +55,7 @@ _EXP = {
     "sum",
     "mean",
 }
+_EXPONENTIAL = {"exp", "exp2", "expm1", "sinh", "cosh"}
 _SOFTMAX = {
     "softmax",
     "scaled_dot_product_attention",
@@ -84,6 +85,10 @@ def _min_input(origin: Origin) -> float | None:
 
 def _max_abs(stats: list[dict[str, Any]]) -> float:
     return max((max(abs(v.get("min", 0.0)), abs(v.get("max", 0.0))) for v in stats), default=0.0)
+
+
+def _dtype(stats: list[dict[str, Any]]) -> str:
+    return next((v["dtype"] for v in stats if "dtype" in v), "its dtype")
 
 
 def _half(stats: list[dict[str, Any]]) -> bool:
@@ -463,6 +468,12 @@ def hint_for(origin: Origin) -> str:
             f"were finite (largest |input| {_max_abs(inputs):.3g}); float32 would be fine. Run "
             "this part in float32, use bfloat16, or use autocast (which keeps overflow-prone "
             "ops in float32) with GradScaler."
+        )
+    if op in _EXPONENTIAL and origin.kind == "inf":
+        return (
+            f"{where} overflowed to Inf: its largest input {_max_abs(inputs):.3g} is beyond "
+            f"what exp can represent in {_dtype(inputs)}. Subtract the maximum before exp "
+            "(logsumexp trick, torch.softmax/log_softmax do it), or clamp the input."
         )
     if origin.phase == "loss" and origin.kind == "inf":
         return (

@@ -216,7 +216,7 @@ def _fmt(value: float) -> str:
 
 def _input_hint(origin: Origin) -> str:
     details = origin.details
-    kind = origin.kind.upper() if origin.kind == "nan" else "Inf"
+    kind = "NaN" if origin.kind == "nan" else "Inf"
     samples = details.get("samples") or []
     where = (
         f" (sample{'s' if len(samples) > 1 else ''} "

@@ -96,11 +96,15 @@ class Origin:
     def describe(self) -> str:
         if self.phase == "input":
             bad = self.details.get("count")
-            where = "the batch" if self.details.get("source", "batch") == "batch" else "the model"
-            text = f"step {self.step}: {self.kind.upper()} already in the input ({where}), "
-            text += self.tensor
+            kind = "NaN" if self.kind == "nan" else "Inf"
+            where = (
+                "the batch"
+                if self.details.get("source", "batch") == "batch"
+                else "the model's arguments"
+            )
+            text = f"step {self.step}: {kind} already in the input ({where}), {self.tensor}"
             if bad:
-                text += f": {bad} {self.kind.upper()}"
+                text += f": {bad} {kind}"
                 samples = self.details.get("samples") or []
                 if samples:
                     shown = ", ".join(str(s) for s in samples[:_POSITIONS_SHOWN])
@@ -425,7 +429,7 @@ class _Tracer(TorchFunctionMode):
         outputs = float_tensors(out)
         if not outputs:
             return out
-        function_record = self._inside_function() if self.function_codes else None
+        function_record = self._inside_function() if self.function_codes and self.checking else None
         record: _OpRecord | None = None
         for tensor in outputs:
             node = tensor.grad_fn

@@ -227,6 +227,18 @@ def test_masked_fill_with_minus_inf_is_by_design():
     assert locate_first_nonfinite(model, lambda: model(x, keep).sum()) is None
 
 
+def test_a_module_returning_a_buffer_mask_is_not_the_origin():
+    torch.manual_seed(0)
+    model, x = real_models.BufferMaskedNet(), torch.randn(2, 5, 4)
+    origin = locate_first_nonfinite(model, lambda: model(x))
+    assert (origin.phase, origin.module, origin.kind, origin.op) == (
+        "forward",
+        "head",
+        "inf",
+        "torch.log",
+    )
+
+
 # -- 3. activation checkpointing ----------------------------------------------------------------
 def _checkpoint_origins(block_factory, head_factory=None):
     origins = {}

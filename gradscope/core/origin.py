@@ -838,6 +838,10 @@ def _trace_step(
             kind = _new_kind(in_flags, _flags(outputs))
             if kind is None:
                 return
+            if kind == "inf" and len(tracer.candidates) == window:
+                # No op of this call made an Inf from Inf-free inputs: it came from a buffer
+                # or a constant made on purpose (a causal -inf mask registered at init).
+                return
             tracer.checking = False
             if kind == "nan" and in_flags[1] and window:
                 # It turned an Inf into NaN, but the model had made that Inf earlier (the

@@ -319,3 +319,30 @@ class NormedEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(self.proj(x)))
+
+
+class CausalScores(nn.Module):
+    """Returns scores with a causal -inf mask registered as a buffer at construction."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.register_buffer("mask", torch.full((length, length), float("-inf")).triu(1))
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores + self.mask
+
+
+class BufferMaskedNet(nn.Module):
+    """A causal-mask module whose output holds -inf by design, then a real failure in
+    ``head`` (log of zero)."""
+
+    def __init__(self, length: int = 5) -> None:
+        super().__init__()
+        self.qk = nn.Linear(4, 8)
+        self.causal = CausalScores(length)
+        self.head = LogHead()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.qk(x)
+        weights = torch.softmax(self.causal(h @ h.transpose(-2, -1)), dim=-1)
+        return self.head(weights @ h).mean()

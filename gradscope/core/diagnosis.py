@@ -503,7 +503,8 @@ def hint_for(origin: Origin) -> str:
 
 
 def _format_values(label: str, stats: dict[str, Any]) -> str:
-    parts = [f"{label} {tuple(stats.get('shape', ()))} {stats.get('dtype', '')}"]
+    named = f"{label} {stats['path']}" if "path" in stats else label
+    parts = [f"{named} {tuple(stats.get('shape', ()))} {stats.get('dtype', '')}"]
     if "min" in stats:
         parts.append(f"min {_fmt_value(stats['min'])} max {_fmt_value(stats['max'])}")
     if "mean" in stats:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
@@ -418,8 +419,8 @@ class _Tracer(TorchFunctionMode):
             return self._backward_call(func, args, kwargs)
         name = getattr(func, "__name__", "")
         inplace = _is_inplace(name, kwargs)
-        if inplace or name == "embedding":
-            self._save_written_weights(name, args, kwargs)
+        if inplace or func is F.embedding:
+            self._save_written_weights(func, args, kwargs)
         before = None
         if self.checking and inplace:
             # An in-place op overwrites its input: look at it before the call.
@@ -465,10 +466,13 @@ class _Tracer(TorchFunctionMode):
         return run
 
     # -- weights written in place --------------------------------------------------------
-    def _save_written_weights(self, name: str, args: tuple, kwargs: dict[str, Any]) -> None:
-        if name == "embedding":
-            max_norm = kwargs.get("max_norm", args[2] if len(args) > 2 else None)
-            targets = [args[1] if len(args) > 1 else kwargs.get("weight")] if max_norm else []
+    def _save_written_weights(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        if func is F.embedding:
+            # F.embedding(input, weight, padding_idx, max_norm, ...) renormalises the weight
+            # rows it looks up in place when max_norm is set
+            max_norm = kwargs.get("max_norm", args[3] if len(args) > 3 else None)
+            weight = kwargs.get("weight", args[1] if len(args) > 1 else None)
+            targets = [weight] if max_norm is not None else []
         else:
             targets = [args[0] if args else None, kwargs.get("out")]
         for target in targets:
@@ -697,15 +701,20 @@ def _input_origin(step: int, bad: list[_BadTensor], kind: str, source: str) -> O
     if data.dim():
         samples = torch.unique(positions[:, 0]).tolist()[:20]
     origin = Origin(step, "input", None, first.path, kind)
+    shown = positions[:_POSITIONS_SHOWN].tolist()
+    # the values of the batch tensors at fault; the first also says where (these reach the
+    # JSON report, which writes an origin's values)
+    values = [{"path": b.path, **tensor_summary(b.tensor)} for b in chosen[:4]]
+    values[0].update(positions=shown, samples=samples)
     origin.details.update(
         source=source,
         count=first.nan if kind == "nan" else first.inf,
-        positions=positions[:_POSITIONS_SHOWN].tolist(),
+        positions=shown,
         samples=samples,
         tensors=[
             {"path": b.path, "nan": b.nan, "inf": b.inf, "mask_like": b.by_design} for b in bad
         ],
-        values={"batch": [tensor_summary(b.tensor) for b in chosen[:4]]},
+        values={"batch": values},
     )
     from gradscope.core.diagnosis import hint_for
 

@@ -128,6 +128,34 @@ def test_inf_target_that_only_reaches_the_loss_is_the_targets_fault():
     assert (origin.phase, origin.tensor, origin.kind) == ("input", "target", "inf")
 
 
+def test_nan_the_model_imputes_does_not_hide_its_own_failure():
+    torch.manual_seed(0)
+    model = real_models.NanAwareNet()
+    readings, target = torch.randn(3, 4), torch.randn(3, 1)
+    readings[1, 2] = float("nan")  # a missing reading, imputed by the model
+    origin = locate_first_nonfinite(
+        model, lambda: F.mse_loss(model(readings), target), batch=(readings, target)
+    )
+    assert (origin.phase, origin.module, origin.kind, origin.op) == (
+        "forward",
+        "head",
+        "inf",
+        "torch.log",
+    )
+
+
+def test_nan_in_the_data_that_reaches_a_backward_nan_is_still_the_datas_fault():
+    torch.manual_seed(0)
+    model = SmallCNN()
+    images, labels = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+    images[0, 0, 0, 0] = float("nan")
+    origin = locate_first_nonfinite(
+        model, lambda: F.cross_entropy(model(images), labels), batch=(images, labels)
+    )
+    assert (origin.phase, origin.tensor, origin.kind) == ("input", "inputs", "nan")
+    assert origin.details["samples"] == [0]
+
+
 def test_without_the_batch_the_models_call_arguments_are_checked():
     torch.manual_seed(0)
     model = TabularNet()

@@ -725,14 +725,27 @@ def _input_origin(step: int, bad: list[_BadTensor], kind: str, source: str) -> O
 def _blame_input(
     step: int, bad: list[_BadTensor], found: Origin | None, source: str
 ) -> Origin | None:
-    """The batch's fault, or None when the model's own origin stands. NaN in the data always
-    is; an Inf that looks like a mask (only -inf, among values <= 0) never is; any other Inf
-    is when the model's first bad value only carried what came in: the loss merely
-    propagated it, or a NaN was made from inputs that already held Inf."""
+    """The batch's fault, or None when the model's own origin stands. NaN in the data is,
+    unless the model handled it (``nan_to_num``, ``torch.where``) and then made a NaN/Inf of
+    its own in forward or loss from values free of it; an Inf that looks like a mask (only
+    -inf, among values <= 0) never is; any other Inf is when the model's first bad value
+    only carried what came in: the loss merely propagated it, or a NaN was made from inputs
+    that already held Inf."""
     if not bad:
         return None
     if any(b.nan for b in bad):
-        return _input_origin(step, bad, "nan", source)
+        if (
+            found is not None
+            and found.phase in ("forward", "loss")
+            and not (
+                found.details.get("propagated") or (found.phase == "loss" and found.op is None)
+            )
+        ):
+            return None  # made by the model from NaN-free values
+        origin = _input_origin(step, bad, "nan", source)
+        if found is not None:
+            origin.details["model_origin"] = found.describe()
+        return origin
     suspects = [b for b in bad if b.inf and not b.by_design]
     if not suspects or found is None or found.phase not in ("forward", "loss"):
         return None
@@ -780,10 +793,6 @@ def locate_first_nonfinite(
         return broken
 
     given = _bad_tensors(_named_batch(batch)) if batch is not None else []
-    if any(b.nan for b in given):
-        # NaN in the data is the data's fault whatever the model does with it.
-        return _input_origin(step, given, "nan", "batch")
-
     found = _trace_step(model, compute_loss, step, params, module_of_param)
     origin, root_inputs = found
     source = "batch"

@@ -346,3 +346,22 @@ class BufferMaskedNet(nn.Module):
         h = self.qk(x)
         weights = torch.softmax(self.causal(h @ h.transpose(-2, -1)), dim=-1)
         return self.head(weights @ h).mean()
+
+
+class NanAwareNet(nn.Module):
+    """Missing sensor readings come as NaN by design and are imputed in ``impute``; the
+    model's own failure is a log of zero in ``head``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.impute = Impute()
+        self.body = nn.Linear(4, 8)
+        self.head = LogHead()
+
+    def forward(self, readings: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.impute(readings)))
+
+
+class Impute(nn.Module):
+    def forward(self, readings: torch.Tensor) -> torch.Tensor:
+        return torch.where(torch.isnan(readings), torch.zeros_like(readings), readings)

@@ -420,3 +420,20 @@ def test_rerun_restores_weights_gradients_and_batchnorm_buffers():
         assert torch.equal(b, buffers[name]), f"buffer {name} changed"
     assert int(model.norm.num_batches_tracked) == 0
     _assert_nothing_left(model)
+
+
+def test_a_failing_rerun_leaves_nothing_behind():
+    torch.manual_seed(0)
+    model = StatefulNet().train()
+    ids = torch.tensor([0, 1, 2, 3])
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+
+    def compute_loss():
+        model(ids)
+        raise RuntimeError("the user's loss code broke")
+
+    with pytest.raises(RuntimeError, match="loss code broke"):
+        locate_first_nonfinite(model, compute_loss)
+    for name, b in model.named_buffers():
+        assert torch.equal(b, buffers[name]), name
+    _assert_nothing_left(model)

@@ -243,3 +243,24 @@ def test_values_show_minus_inf_and_inf():
     assert summary["min"] == float("-inf") and summary["max"] == float("inf")
     assert summary["mean"] == 1.5
     assert any("min -inf max inf" in line for line in explain(origin))
+
+
+def test_softmax_nan_hints_tell_a_fully_masked_row_from_a_plus_inf_score():
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+
+    def softmax_of(fill_row_with: float):
+        def compute_loss():
+            scores = model(x)
+            by_design = torch.full((4,), fill_row_with)  # a constant made on purpose
+            scores = torch.cat([scores[:1], scores[1:] * 0 + by_design])
+            return torch.softmax(scores, dim=-1).sum()
+
+        return locate_first_nonfinite(model, compute_loss)
+
+    masked, plus_inf = softmax_of(float("-inf")), softmax_of(float("inf"))
+    for origin in (masked, plus_inf):
+        assert (origin.phase, origin.kind, origin.op) == ("loss", "nan", "torch.softmax")
+    a, b = _hint_pair(masked, plus_inf)
+    assert "-Inf for every key (batch index 1)" in a and "unmasked key" in a
+    assert "+Inf (max inf)" in b and "Inf - Inf" in b and "mask" not in b.split(":")[0]

@@ -164,6 +164,40 @@ def _cross_entropy_evidence(args: dict[str, Any]) -> dict[str, Any]:
     return {"cross_entropy": evidence}
 
 
+def _fully_masked(mask: Any, dim: int = -1) -> list[int] | None:
+    """Indices (along the first dimension) of the rows a mask masks entirely: all True for a
+    boolean mask, all -inf for an additive one."""
+    if not isinstance(mask, torch.Tensor) or not mask.numel() or mask.dim() == 0:
+        return None
+    data = mask.detach()
+    masked = data if data.dtype == torch.bool else data == -math.inf
+    if not data.is_floating_point() and data.dtype != torch.bool:
+        return None
+    every = masked.all(dim=dim)
+    if not bool(every.any()):
+        return []
+    if every.dim() == 0:
+        return [0]
+    return torch.nonzero(every.reshape(every.shape[0], -1).any(dim=1)).reshape(-1).tolist()[:10]
+
+
+def _attention_evidence(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Which rows a softmax or attention op was given with every key masked."""
+    found: dict[str, Any] = {}
+    if name in ("softmax", "_softmax", "log_softmax"):
+        scores = args.get("input", args.get("self", args.get("arg0")))
+        dim = args.get("dim", args.get("arg1", -1))
+        rows = _fully_masked(scores, dim if isinstance(dim, int) else -1)
+        if rows:
+            found["scores"] = rows
+    else:
+        for key in ("key_padding_mask", "attn_mask"):
+            rows = _fully_masked(args.get(key))
+            if rows:
+                found[key] = rows
+    return {"fully_masked": found} if found else {}
+
+
 def evidence_for(op: str, args: dict[str, Any], module: Any = None) -> dict[str, Any]:
     """What the arguments of the op that made a NaN/Inf show, beyond its tensors' values:
     CTC's lengths, how many targets a cross-entropy counts, the epsilon of the module that
@@ -174,6 +208,8 @@ def evidence_for(op: str, args: dict[str, Any], module: Any = None) -> dict[str,
         evidence.update(_ctc_evidence(args))
     elif name in ("cross_entropy", "nll_loss"):
         evidence.update(_cross_entropy_evidence(args))
+    elif name in _SOFTMAX or name == "log_softmax":
+        evidence.update(_attention_evidence(name, args))
     eps = args.get("eps")
     if isinstance(eps, float):
         evidence["eps"] = eps
@@ -456,13 +492,30 @@ def hint_for(origin: Origin) -> str:
             "the denominator or mask the zero entries out before dividing."
         )
     if op in _SOFTMAX and origin.kind == "nan":
-        has_minus_inf = any(v.get("min") == -math.inf for v in inputs)
+        masked = (origin.details.get("evidence") or {}).get("fully_masked") or {}
+        if masked:
+            source, rows = next(iter(masked.items()))
+            shown = ", ".join(str(r) for r in rows[:5])
+            why = (
+                f"some rows of its input are -Inf for every key (batch index {shown})"
+                if source == "scores"
+                else f"its {source} masks every key of batch index {shown}"
+            )
+            return (
+                f"{where} produced NaN because {why}: the softmax of a row that is all -Inf "
+                "is 0/0. Make sure every query keeps at least one unmasked "
+                "key (an empty or fully padded sequence: check key_padding_mask for padded "
+                "rows), or fill masks with a large finite negative number instead of -Inf."
+            )
+        if any(v.get("max") == math.inf for v in inputs):
+            return (
+                f"{where} produced NaN because its input holds +Inf (max inf): softmax "
+                "subtracts the row maximum, and Inf - Inf is NaN. The +Inf came in from "
+                "upstream, not from a mask: find where the scores overflow or are set to +Inf."
+            )
         return (
-            f"{where} produced NaN"
-            + (" from inputs containing -Inf (min -inf)" if has_minus_inf else "")
-            + ": a row whose entries are all masked (-Inf) has no defined softmax. Make sure "
-            "every query keeps at least one unmasked key (check key_padding_mask for padded "
-            "rows), or fill masks with a large finite negative number instead of -Inf."
+            f"{where} produced NaN from inputs without NaN. Look at the input values below; "
+            "a row whose entries are all -Inf (every key masked) has no defined softmax."
         )
     if _half(outputs) and _max_abs(inputs) < FLOAT16_MAX and origin.kind == "inf":
         return (

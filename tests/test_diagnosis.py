@@ -264,3 +264,18 @@ def test_softmax_nan_hints_tell_a_fully_masked_row_from_a_plus_inf_score():
     a, b = _hint_pair(masked, plus_inf)
     assert "-Inf for every key (batch index 1)" in a and "unmasked key" in a
     assert "+Inf (max inf)" in b and "Inf - Inf" in b and "mask" not in b.split(":")[0]
+
+
+def test_sqrt_backward_hints_tell_an_exact_zero_from_an_overflow():
+    model = torch.nn.Linear(2, 2)
+    x = torch.ones(3, 2)
+    at_zero = locate_first_nonfinite(model, lambda: torch.sqrt(model(x) * 0).sum())
+    tiny = locate_first_nonfinite(model, lambda: (torch.sqrt(model(x) * 0 + 1e-30) * 1e30).sum())
+    for origin in (at_zero, tiny):
+        assert (origin.phase, origin.kind) == ("backward", "inf")
+        assert origin.op == "torch.sqrt backward (SqrtBackward0)"
+    assert at_zero.details["values"]["saved"][0]["zeros"] == 6
+    assert tiny.details["values"]["saved"][0]["zeros"] == 0
+    a, b = _hint_pair(at_zero, tiny)
+    assert "infinite at 0" in a and "6 of the values it saved from the forward are exactly 0" in a
+    assert "overflowed" in b and "no forward value it saved is 0" in b and "infinite" not in b

@@ -347,6 +347,28 @@ def _cross_entropy_hint(origin: Origin, where: str) -> str | None:
     return None
 
 
+def _saved(origin: Origin, *names: str) -> dict[str, Any] | None:
+    """What an autograd node saved from the forward, by its name (``self``, ``other``,
+    ``result``)."""
+    saved = _values(origin, "saved")
+    for name in names:
+        found = next((v for v in saved if v.get("name") == name), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _backward_overflow(origin: Origin, where: str, forward: dict[str, Any]) -> str:
+    """A derivative that is large but finite, times a large incoming gradient."""
+    incoming = _max_abs(_values(origin, "grad_in"))
+    return (
+        f"The gradient of {where} overflowed: no forward value it saved is 0 (smallest "
+        f"|value| {forward.get('abs_min', math.nan):.3g}), but its derivative there is large "
+        f"and the gradient arriving was up to {incoming:.3g}. Scale the loss down or clip "
+        "gradients, and keep the input away from tiny values (an epsilon, a clamp)."
+    )
+
+
 def hint_for(origin: Origin) -> str:
     op = base_op(origin.op)
     inputs = _values(origin, "inputs")
@@ -384,17 +406,30 @@ def hint_for(origin: Origin) -> str:
                 "of one; torch.autograd.gradcheck on small inputs finds a wrong formula."
             )
         if op in ("sqrt", "rsqrt", "pow", "norm", "vector_norm"):
-            return (
-                f"The derivative of {where} is infinite at 0 (d/dx sqrt(x) = 1/(2 sqrt(x))): the "
-                "forward pass was finite but the gradient is not. Add a small epsilon inside "
-                "(sqrt(x + 1e-12)), clamp the input away from 0, or use a safe norm that "
-                "special-cases zero vectors."
-            )
+            forward = _saved(origin, "result", "self")
+            if forward is None or forward.get("zeros"):
+                zeros = (
+                    f"; {forward['zeros']} of the values it saved from the forward are exactly 0"
+                    if forward
+                    else ""
+                )
+                return (
+                    f"The derivative of {where} is infinite at 0 (d/dx sqrt(x) = 1/(2 sqrt(x)))"
+                    f"{zeros}: the forward pass was finite but the gradient is not. Add a small "
+                    "epsilon inside (sqrt(x + 1e-12)), clamp the input away from 0, or use a "
+                    "safe norm that special-cases zero vectors."
+                )
+            return _backward_overflow(origin, where, forward)
         if op in _LOG or op in _DIVIDE:
-            return (
-                f"The gradient of {where} divides by its input, which is (close to) zero here. "
-                "Add an epsilon (log(x + eps), x / (y + eps)) or clamp the input."
-            )
+            operand = _saved(origin, "other") if op in _DIVIDE else None
+            operand = operand or _saved(origin, "self")
+            if operand is None or operand.get("zeros"):
+                zeros = f" ({operand['zeros']} exact zeros)" if operand else ""
+                return (
+                    f"The gradient of {where} divides by its input, which is zero here{zeros}. "
+                    "Add an epsilon (log(x + eps), x / (y + eps)) or clamp the input."
+                )
+            return _backward_overflow(origin, where, operand)
         if op in ("acos", "asin", "atanh"):
             return (
                 f"The derivative of {where} is infinite at +-1. Clamp the input to "
@@ -558,7 +593,9 @@ def hint_for(origin: Origin) -> str:
 
 
 def _format_values(label: str, stats: dict[str, Any]) -> str:
-    named = f"{label} {stats['path']}" if "path" in stats else label
+    named = label
+    if "path" in stats or "name" in stats:
+        named = f"{label} {stats.get('path', stats.get('name'))}"
     parts = [f"{named} {tuple(stats.get('shape', ()))} {stats.get('dtype', '')}"]
     if "min" in stats:
         parts.append(f"min {_fmt_value(stats['min'])} max {_fmt_value(stats['max'])}")
@@ -567,6 +604,8 @@ def _format_values(label: str, stats: dict[str, Any]) -> str:
         parts.append(f"mean{finite} {stats['mean']:.4g}")
     if stats.get("nan") or stats.get("inf"):
         parts.append(f"{stats.get('nan', 0)} NaN, {stats.get('inf', 0)} Inf")
+    if stats.get("zeros"):
+        parts.append(f"{stats['zeros']} exact zeros")
     return ", ".join(parts)
 
 
@@ -589,6 +628,7 @@ def explain(origin: Origin) -> list[str]:
         "outputs": "output",
         "grad_in": "gradient arriving",
         "grad_out": "gradient leaving",
+        "saved": "saved from forward",
         "weights": "weight",
     }
     for key, label in labels.items():

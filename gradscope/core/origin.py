@@ -939,6 +939,8 @@ def _trace_step(
                 op=f"{hit.record.op} backward ({hit.node_name})",
             )
             origin.details["values"] = {"grad_in": hit.incoming, "grad_out": hit.outgoing}
+            if hit.saved:
+                origin.details["values"]["saved"] = hit.saved
             if hit.record.function:
                 origin.details["custom_function"] = True
             _attach_location(origin, hit.record.location)
@@ -1058,6 +1060,30 @@ class _BackwardHit:
     kind: str
     incoming: list[dict[str, Any]]
     outgoing: list[dict[str, Any]]
+    saved: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _saved_values(node: Any) -> list[dict[str, Any]]:
+    """What the node saved from the forward (``self``, ``other``, ``result``...): the values
+    its derivative is computed from, with their exact zeros and smallest magnitude. Read in
+    the node's hook, before autograd frees them."""
+    saved = []
+    for attribute in dir(node):
+        if not attribute.startswith("_saved_") or attribute.endswith("_raw"):
+            continue
+        try:
+            value = getattr(node, attribute)
+        except RuntimeError:  # already freed
+            continue
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        data = value.detach()
+        summary = {"name": attribute.removeprefix("_saved_"), **tensor_summary(data)}
+        if data.numel():
+            summary["zeros"] = int((data == 0).sum())
+            summary["abs_min"] = float(data.abs().min())
+        saved.append(summary)
+    return saved[:4]
 
 
 def _node_hook(
@@ -1084,6 +1110,7 @@ def _node_hook(
                         _kind([grad]),
                         [tensor_summary(g) for g in incoming[:4]],
                         [tensor_summary(g) for _, g in outgoing[:4]],
+                        _saved_values(node),
                     )
                 )
                 return

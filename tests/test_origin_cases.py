@@ -267,6 +267,14 @@ def test_a_module_returning_a_buffer_mask_is_not_the_origin():
     )
 
 
+def test_an_inf_absorbed_inside_a_module_is_not_the_origin():
+    torch.manual_seed(0)
+    model, x = real_models.AbsorbedThenRoot(), torch.ones(3, 4)
+    origin = locate_first_nonfinite(model, lambda: model(x).sum())
+    assert (origin.phase, origin.module, origin.kind) == ("forward", "", "inf")
+    assert origin.line == line_of("# <- root division")
+
+
 # -- 3. activation checkpointing ----------------------------------------------------------------
 def _checkpoint_origins(block_factory, head_factory=None):
     origins = {}

@@ -853,7 +853,13 @@ def _trace_step(
             if check.first_module is not None:
                 return
             outputs = float_tensors(output)
-            kind = _new_kind(in_flags, _flags(outputs))
+            out_flags = _flags(outputs)
+            if not (out_flags[0] or out_flags[1]):
+                # What this call's ops made non-finite stayed inside it (a clamp, nan_to_num,
+                # a softmax over an fp16 -inf): it is nobody's origin.
+                del tracer.candidates[window:]
+                return
+            kind = _new_kind(in_flags, out_flags)
             if kind is None:
                 return
             if kind == "inf" and len(tracer.candidates) == window:

@@ -365,3 +365,26 @@ class NanAwareNet(nn.Module):
 class Impute(nn.Module):
     def forward(self, readings: torch.Tensor) -> torch.Tensor:
         return torch.where(torch.isnan(readings), torch.zeros_like(readings), readings)
+
+
+class Saturate(nn.Module):
+    """Overflows inside and cleans it up: its output is finite."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nan_to_num(torch.exp(x * 1000), posinf=1.0)
+
+
+class AbsorbedThenRoot(nn.Module):
+    """``saturate`` makes and absorbs an Inf; then the root's own code divides by zero and
+    ``second`` turns that Inf into NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saturate = Saturate()
+        self.first = nn.Linear(4, 4)
+        self.second = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(self.saturate(x))
+        h = h / torch.zeros_like(h)  # <- root division
+        return self.second(h)

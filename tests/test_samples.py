@@ -464,6 +464,36 @@ def test_masked_lm_no_masked_token():
     assert all(v["nan"] == 0 and v["inf"] == 0 for v in origin.details["values"]["inputs"])
 
 
+def test_checkpointed_encoder_zero_norm():
+    run = _run("checkpointed_encoder_zero_norm.py")
+    origin = _assert_halted_at_origin(run)
+    assert _where(origin) == (0, "backward", "encoder.normalize", "input grad", "nan")
+    assert origin.op == "Tensor.sqrt backward (SqrtBackward0)"
+    assert origin.line == run.line_of("length = x.pow(2).sum(dim=-1, keepdim=True).sqrt()")
+    assert "infinite at 0" in origin.details["hint"]
+    assert math.isfinite(run.results[0].loss)
+    assert run.statuses("encoder.project") == ["nonfinite"]
+    assert run.statuses("head") == ["ok"]
+    # checkpointing changes nothing: the plain model and the reentrant form agree
+    for build in ({"checkpointing": False}, {"reentrant": True}):
+        other = _execute("checkpointed_encoder_zero_norm.py", **build).origin
+        assert other is not None, build
+        assert _where(other) == _where(origin), build
+        assert (other.op, other.line) == (origin.op, origin.line), build
+
+
+def test_custom_function_backward_nan():
+    run = _run("custom_function_backward_nan.py")
+    origin = _assert_halted_at_origin(run)
+    assert _where(origin) == (0, "backward", "projector", "input grad", "inf")
+    assert origin.op == "L2Normalize backward (L2NormalizeBackward)"
+    assert origin.line == run.line_of("return L2Normalize.apply(self.lin(x))")
+    assert "backward formula" in origin.details["hint"]
+    assert math.isfinite(run.results[0].loss)
+    assert run.statuses("projector.lin") == ["nonfinite"]
+    assert run.statuses("head") == ["ok"]
+
+
 def test_healthy_cnn():
     run = _run("healthy_cnn.py")
     assert run.origin is None

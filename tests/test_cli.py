@@ -66,7 +66,7 @@ def test_summary_and_strict_json(capsys, write_script, tmp_path):
     assert data["first_nonfinite"]["line"] > 0
     assert data["first_nonfinite"]["op"] == "torch.log"
     assert "torch.log(x - x.max())" in data["first_nonfinite"]["code"]
-    assert "epsilon" in data["first_nonfinite"]["hint"]
+    assert "negative" in data["first_nonfinite"]["hint"]  # NaN: log of negatives (#11)
     assert data["first_nonfinite"]["values"]["inputs"][0]["max"] == 0.0
     layers = {layer["name"]: layer for layer in data["layers"]}
     assert layers["3"]["status"] == "nonfinite"

@@ -426,6 +426,74 @@ def test_half_precision_adam_underflow():
     assert run32.origin is None and not any(r.nonfinite for r in run32.results)
 
 
+def test_bad_data_missing_value():
+    run = _run("bad_data_missing_value.py")
+    origin = run.origin
+    assert origin is not None
+    assert 3 <= origin.step <= 40, origin.step
+    assert _where(origin)[1:] == ("input", None, "inputs", "nan")
+    # the data's fault: no op or line of the model is named
+    assert origin.op is None and origin.file is None and origin.line is None
+    assert origin.details["count"] == 1 and len(origin.details["samples"]) == 1
+    (position,) = origin.details["positions"]
+    sample, feature = position
+    assert feature == 3  # lot_size
+    last = run.results[-1]
+    assert last.step == origin.step and last.origin is origin
+    assert run.runner.halted and not last.applied
+    assert all(not r.nonfinite for r in run.results[:-1])
+    for layer in run.layers:
+        assert run.statuses(layer)[-1] == "nonfinite"
+    hint = origin.details["hint"]
+    assert "filter or repair" in hint and "nan_to_num" in hint and "stopgap" in hint
+    assert f"sample {sample}" in hint
+    assert run.history.first_nonfinite is origin
+
+
+def test_masked_lm_no_masked_token():
+    run = _run("masked_lm_no_masked_token.py")
+    origin = _assert_halted_at_origin(run)
+    assert 3 <= origin.step <= 40, origin.step
+    assert _where(origin)[1:] == ("forward", "", "output", "nan")
+    assert origin.op == "F.cross_entropy"
+    assert origin.line == run.line_of("loss = F.cross_entropy(")
+    hint = origin.details["hint"]
+    assert "ignore_index (-100)" in hint and "0/0" in hint
+    assert "zeros under a log" not in hint
+    # the logits were finite: only the 0/0 mean is not
+    assert all(v["nan"] == 0 and v["inf"] == 0 for v in origin.details["values"]["inputs"])
+
+
+def test_checkpointed_encoder_zero_norm():
+    run = _run("checkpointed_encoder_zero_norm.py")
+    origin = _assert_halted_at_origin(run)
+    assert _where(origin) == (0, "backward", "encoder.normalize", "input grad", "nan")
+    assert origin.op == "Tensor.sqrt backward (SqrtBackward0)"
+    assert origin.line == run.line_of("length = x.pow(2).sum(dim=-1, keepdim=True).sqrt()")
+    assert "infinite at 0" in origin.details["hint"]
+    assert math.isfinite(run.results[0].loss)
+    assert run.statuses("encoder.project") == ["nonfinite"]
+    assert run.statuses("head") == ["ok"]
+    # checkpointing changes nothing: the plain model and the reentrant form agree
+    for build in ({"checkpointing": False}, {"reentrant": True}):
+        other = _execute("checkpointed_encoder_zero_norm.py", **build).origin
+        assert other is not None, build
+        assert _where(other) == _where(origin), build
+        assert (other.op, other.line) == (origin.op, origin.line), build
+
+
+def test_custom_function_backward_nan():
+    run = _run("custom_function_backward_nan.py")
+    origin = _assert_halted_at_origin(run)
+    assert _where(origin) == (0, "backward", "projector", "input grad", "inf")
+    assert origin.op == "L2Normalize backward (L2NormalizeBackward)"
+    assert origin.line == run.line_of("return L2Normalize.apply(self.lin(x))")
+    assert "backward formula" in origin.details["hint"]
+    assert math.isfinite(run.results[0].loss)
+    assert run.statuses("projector.lin") == ["nonfinite"]
+    assert run.statuses("head") == ["ok"]
+
+
 def test_healthy_cnn():
     run = _run("healthy_cnn.py")
     assert run.origin is None

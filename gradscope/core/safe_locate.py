@@ -107,7 +107,7 @@ def locate_safely(
     started = time.monotonic()
     try:
         with running_locally(model), _Deadline(timeout), torch.enable_grad():
-            found = locate_first_nonfinite(eager, locate, stats.step)
+            found = locate_first_nonfinite(eager, locate, stats.step, batch=batch)
     except LocateTimeout as error:
         return unknown_origin(
             stats,

@@ -31,7 +31,7 @@ from torch import nn
 
 from gradscope.core.errors import GradScopeError
 from gradscope.core.module_tree import select_layers
-from gradscope.core.origin import Origin
+from gradscope.core.origin import Origin, loss_from_output
 from gradscope.core.safe_locate import locate_safely, statistics_origin
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.wrappers import unwrap_model
@@ -224,22 +224,6 @@ def _sum_squares(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         else:
             out.append(torch.linalg.vector_norm(t).square())
     return out
-
-
-def loss_tensor(value: Any) -> torch.Tensor | None:
-    """The loss in what a training step has: a tensor, or a model output that carries its
-    loss (a dict with ``"loss"``, a dataclass or transformers ``ModelOutput`` with ``.loss``)."""
-    if value is None or isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("loss"), torch.Tensor):
-        return value["loss"]
-    loss = getattr(value, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
-    raise TypeError(
-        f"collect() takes the loss as a tensor or a model output with a 'loss' "
-        f"(a dict or an object with .loss), not {type(value).__name__}"
-    )
 
 
 class GradientWatch:
@@ -465,7 +449,7 @@ class GradientWatch:
         recomputed exactly in :meth:`resolve` (rare steps only). Only parameters that have a
         gradient are read: a frozen backbone costs nothing.
         """
-        loss = loss_tensor(loss)
+        loss = None if loss is None else loss_from_output(loss)
         parts: dict[torch.device, list[torch.Tensor]] = {}
         layout: dict[torch.device, list[_Entry]] = {}
         copy_weights = self.update_ratio_enabled

@@ -148,9 +148,17 @@ def _hf_tasks() -> list[tuple[str, str, str]]:
 
 
 def _hf_task(transformers: Any, config: Any) -> tuple[str, Any]:
+    """The task and the class to build: the config's own ``architectures`` (a checkpoint
+    folder's config.json names its head) when GradScope can feed it, else by model type."""
     from transformers.models.auto import modeling_auto
 
     model_type = config.model_type
+    for architecture in getattr(config, "architectures", None) or []:
+        for task, mapping, _ in _hf_tasks():
+            names = getattr(modeling_auto, mapping, {}).get(model_type)
+            names = names if isinstance(names, (list, tuple)) else [names]
+            if architecture in names and hasattr(transformers, architecture):
+                return task, getattr(transformers, architecture)
     for task, mapping, auto_class in _hf_tasks():
         if model_type in getattr(modeling_auto, mapping, {}):
             return task, getattr(transformers, auto_class)
@@ -327,6 +335,12 @@ def _load_hf(source: str, name: str, overrides: dict[str, Any], seq_len: int) ->
     _apply_config(config, overrides, what)
     task, auto_class = _hf_task(transformers, config)
     notes: list[str] = []
+    named = list(getattr(config, "architectures", None) or [])
+    if named and auto_class.__name__ not in named:
+        notes.append(
+            f"config.json names {', '.join(named)}, which random batches cannot train; "
+            f"training it as a {task} ({auto_class.__name__})"
+        )
     if task == "sequence classifier" and getattr(config, "pad_token_id", None) is None:
         # Decoder classifiers pool the last non-padding token and refuse batches > 1
         # without a padding id.

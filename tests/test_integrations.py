@@ -18,6 +18,7 @@ lightning = pytest.importorskip("lightning")
 transformers = pytest.importorskip("transformers")
 
 from gradscope.integrations import _callback  # noqa: E402
+from gradscope.integrations import transformers as gradscope_transformers  # noqa: E402
 from gradscope.integrations.lightning import GradScopeCallback as LightningCallback  # noqa: E402
 from gradscope.integrations.transformers import (  # noqa: E402
     GradScopeCallback as TransformersCallback,
@@ -225,18 +226,31 @@ def test_transformers_trainer_records_each_optimizer_step(tmp_path, accumulate):
     assert "transformer.h.0.attn.c_attn" in history.layer_names
 
 
-def test_transformers_trainer_clips_before_callbacks_see_the_gradients(tmp_path):
-    # Documented behaviour: with the default max_grad_norm=1.0 the recorded norms are the
-    # clipped ones (the Trainer logs the norm before clipping).
+def test_transformers_trainer_gradients_are_read_before_its_clipping(tmp_path):
+    # The default max_grad_norm=1.0 clips before any callback is called: the recording
+    # still has the raw norms (those the Trainer logs), not the clipped ones.
     callback = TransformersCallback()
     _, logs = _hf_train(tmp_path, callback)
     assert callback.path == tmp_path / "out" / "gradscope.gsrec"
     history, settings = _read(callback.path)
     assert settings["max_grad_norm"] == 1.0
     logged = np.asarray([e["grad_norm"] for e in logs])
-    recorded = history.total_grad_norm[: history.count]
     assert (logged > 1.0).any()
-    np.testing.assert_allclose(recorded, np.minimum(logged, 1.0), rtol=1e-4)
+    np.testing.assert_allclose(history.total_grad_norm[: history.count], logged, rtol=1e-4)
+
+
+def test_transformers_fallback_is_on_pre_optimizer_step(tmp_path, monkeypatch):
+    # Where the accelerator cannot be followed, on_pre_optimizer_step still records every
+    # step, after the Trainer's clipping.
+    monkeypatch.setattr(gradscope_transformers, "_calling_trainer", lambda: None)
+    callback = TransformersCallback(record=tmp_path / "late.gsrec")
+    _, logs = _hf_train(tmp_path, callback, gradient_accumulation_steps=2)
+    history, _ = _read(tmp_path / "late.gsrec")
+    assert history.steps.tolist() == [0, 1, 2, 3]
+    logged = np.asarray([e["grad_norm"] for e in logs])
+    np.testing.assert_allclose(
+        history.total_grad_norm[: history.count], np.minimum(logged, 1.0), rtol=1e-4
+    )
 
 
 def test_pytorch_lightning_trainer_takes_its_own_flavour(tmp_path):

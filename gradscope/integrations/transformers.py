@@ -10,6 +10,7 @@ trainer = Trainer(model, args, train_dataset=data, callbacks=[GradScopeCallback(
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,15 +41,16 @@ class GradScopeCallback(TrainerCallback):
     passed to the watch. ``open_app=True`` opens the app on the recording as training
     starts. Other keyword arguments go to ``gradscope.watch``.
 
-    Statistics are taken in ``on_pre_optimizer_step``: once per optimizer step, after the
-    last micro-batch's backward under gradient accumulation, with the gradients already
-    averaged over DDP processes and unscaled from fp16 AMP, just before
-    ``optimizer.step()``. The Trainer clips gradients (``max_grad_norm``, 1.0 by default)
-    before any callback is called, so the norms recorded are the clipped ones (a NaN or
-    Inf survives clipping and is flagged); ``max_grad_norm=0`` records the raw norms.
+    Statistics are taken once per optimizer step, after the last micro-batch's backward
+    under gradient accumulation, with the gradients averaged over DDP processes and
+    unscaled from fp16 AMP, and before the Trainer clips them (``max_grad_norm``, 1.0 by
+    default): the norms recorded are the ones the Trainer logs as ``grad_norm``, so
+    explosions show. (The Trainer clips before calling any callback; GradScope reads the
+    gradients when accelerate unscales them for clipping, and falls back to
+    ``on_pre_optimizer_step``, after clipping, where clipping takes another path.)
     The loss of a step is its micro-batches' ``output.loss`` combined as the Trainer does
-    (summed when the model was given ``num_items_in_batch``, else averaged). The main process
-    (``state.is_world_process_zero``) records.
+    (summed when the model was given ``num_items_in_batch``, else averaged). The main
+    process (``state.is_world_process_zero``) records.
     """
 
     def __init__(
@@ -72,6 +74,9 @@ class GradScopeCallback(TrainerCallback):
         self._losses = LossAccumulator()
         self._loss_hook: Any = None
         self._summed = False
+        self._state: Any = None
+        self._collected: int | None = None
+        self._unwrap: Any = None
 
     @property
     def path(self) -> Path | None:
@@ -107,6 +112,8 @@ class GradScopeCallback(TrainerCallback):
         self._gradscope.start(model, args.output_dir, settings)
         # The loss each micro-batch's forward returned: one hook, on the root module only.
         self._loss_hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+        self._state = state
+        self._follow_unscaling(_calling_trainer())
 
     def _on_forward(self, module: Any, args: Any, kwargs: dict, output: Any) -> None:
         if not module.training or not torch.is_grad_enabled():
@@ -120,13 +127,45 @@ class GradScopeCallback(TrainerCallback):
         if kwargs.get("num_items_in_batch") is not None:
             self._summed = True
 
+    def _follow_unscaling(self, trainer: Any) -> None:
+        """Read the gradients before the Trainer clips them.
+
+        The Trainer clips (``max_grad_norm``, 1.0 by default) before it calls any callback,
+        so ``on_pre_optimizer_step`` sees clipped gradients: a run whose gradients explode
+        would never look it. Accelerate's ``clip_grad_norm_`` first calls
+        ``unscale_gradients()`` (AMP's unscale, a no-op without it), then clips. Wrapping that
+        method on this Trainer's accelerator collects right between the two: after the last
+        micro-batch's backward and the unscale, before clipping. Where clipping takes
+        another path (DeepSpeed, some FSDP set-ups) the wrapper is never called on the
+        step, and ``on_pre_optimizer_step`` collects instead."""
+        accelerator = getattr(trainer, "accelerator", None)
+        original = getattr(accelerator, "unscale_gradients", None)
+        if original is None:
+            return
+
+        def unscale_gradients(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if getattr(accelerator, "sync_gradients", True):
+                self._collect()
+            return result
+
+        accelerator.unscale_gradients = unscale_gradients
+        self._unwrap = lambda: vars(accelerator).pop("unscale_gradients", None)
+
+    def _collect(self) -> None:
+        """This optimizer step's statistics, once."""
+        state = self._state
+        if self._gradscope.watch is None or state is None or self._collected == state.global_step:
+            return
+        self._collected = state.global_step
+        loss, count = self._losses.take()
+        if loss is not None and count > 1 and not self._summed:
+            loss = loss / count
+        self._summed = False
+        self._gradscope.collect(loss, state.global_step)
+
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any):
-        if self._gradscope.watch is not None:
-            loss, count = self._losses.take()
-            if loss is not None and count > 1 and not self._summed:
-                loss = loss / count
-            self._summed = False
-            self._gradscope.collect(loss, state.global_step)
+        self._collect()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self._stop()
@@ -135,5 +174,26 @@ class GradScopeCallback(TrainerCallback):
         if self._loss_hook is not None:
             self._loss_hook.remove()
             self._loss_hook = None
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap = None
         self._losses.take()
+        self._state = None
+        self._collected = None
         self._gradscope.close()
+
+
+def _calling_trainer() -> Any:
+    """The Trainer whose callback handler called us: callbacks are not given it, and its
+    accelerator is where the gradients are unscaled and clipped. None if not found."""
+    from transformers import Trainer
+
+    frame = sys._getframe(2)
+    for _ in range(10):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back
+    return None

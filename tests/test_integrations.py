@@ -1,5 +1,6 @@
 """The Lightning and transformers Trainer callbacks, with the real libraries: one recorded
-step per optimizer step, the gradients the optimizer is about to use, the step's loss."""
+step per optimizer step, the gradients the optimizer is about to use, the step's loss.
+The extras are part of the test install (make test): a missing one fails, never skips."""
 
 from __future__ import annotations
 
@@ -7,20 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning
 import numpy as np
 import pytest
 import torch
+import transformers
 from torch import nn
 
 from gradscope.core.recording import RecordingReader
-
-lightning = pytest.importorskip("lightning")
-transformers = pytest.importorskip("transformers")
-
-from gradscope.integrations import _callback  # noqa: E402
-from gradscope.integrations import transformers as gradscope_transformers  # noqa: E402
-from gradscope.integrations.lightning import GradScopeCallback as LightningCallback  # noqa: E402
-from gradscope.integrations.transformers import (  # noqa: E402
+from gradscope.integrations import _callback
+from gradscope.integrations import transformers as gradscope_transformers
+from gradscope.integrations.lightning import GradScopeCallback as LightningCallback
+from gradscope.integrations.transformers import (
     GradScopeCallback as TransformersCallback,
 )
 
@@ -254,7 +253,8 @@ def test_transformers_fallback_is_on_pre_optimizer_step(tmp_path, monkeypatch):
 
 
 def test_pytorch_lightning_trainer_takes_its_own_flavour(tmp_path):
-    pytorch_lightning = pytest.importorskip("pytorch_lightning")
+    import pytorch_lightning
+
     from gradscope.integrations.pytorch_lightning import GradScopeCallback
 
     class Module(pytorch_lightning.LightningModule):

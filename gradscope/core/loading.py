@@ -62,6 +62,8 @@ def load_source(
         from gradscope.core.zoo import load_zoo_model
 
         return load_zoo_model(source, weights=weights, options=options)
+    if (options or {}).get("model_config"):
+        raise GradScopeError("--config applies to hf: and timm: models only")
     if source.endswith(".py") or os.sep in source or "/" in source:
         if weights:
             raise GradScopeError("--weights applies to torchvision models only")

@@ -4,6 +4,8 @@ The extras are part of the test install (make test): a missing one fails, never 
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -310,3 +312,68 @@ def test_a_missing_library_is_one_line_naming_the_pip_command(module, hidden, ex
     assert line.startswith(f"{module} needs ") and line.endswith(
         f'pip install "gradscope[{extra}]"'
     )
+
+
+DDP_SCRIPT = """
+import json, sys
+import lightning, torch
+from torch import nn
+from gradscope.integrations.lightning import GradScopeCallback
+
+
+class Module(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        self.norms = []
+
+    def training_step(self, batch, index):
+        return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+    def on_before_optimizer_step(self, optimizer):
+        grads = [p.grad.flatten() for p in self.net[0].parameters()]
+        self.norms.append(float(torch.linalg.vector_norm(torch.cat(grads))))
+
+    def on_fit_end(self):
+        with open(f"{sys.argv[1]}/norms{self.global_rank}.json", "w") as file:
+            json.dump(self.norms, file)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    trainer = lightning.Trainer(
+        max_steps=6, accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=sys.argv[1], callbacks=[GradScopeCallback()],
+    )
+    trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=4))
+"""
+
+
+def test_lightning_ddp_records_once_the_averaged_gradients(tmp_path):
+    # Two processes on gloo. The default recording folder comes from Trainer.log_dir, a
+    # broadcast: asked on rank 0 alone it hung the run forever.
+    script = tmp_path / "ddp_run.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1"}
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("*.gsrec")) == ["gradscope.gsrec"]
+    history, settings = _read(tmp_path / "gradscope.gsrec")
+    assert settings["world_size"] == 2 and settings["strategy"] == "DDPStrategy"
+    assert history.steps.tolist() == [0, 1, 2, 3, 4, 5]
+    rank0 = json.loads((tmp_path / "norms0.json").read_text())
+    rank1 = json.loads((tmp_path / "norms1.json").read_text())
+    np.testing.assert_allclose(rank0, rank1, rtol=1e-6)  # averaged: the same on both ranks
+    np.testing.assert_allclose(history.series("grad_norm", "net.0"), rank0, rtol=1e-5)

@@ -62,9 +62,13 @@ class LightningGradScope:
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._losses.take()
+        folder = None
+        if self._gradscope.record is None:
+            # Trainer.log_dir broadcasts rank 0's folder: a collective that every process
+            # must join (rank 0 alone would wait for the others forever).
+            folder = trainer.log_dir or trainer.default_root_dir
         if not trainer.is_global_zero:
             return
-        folder = trainer.log_dir or trainer.default_root_dir
         settings = {
             "source": f"Lightning {type(pl_module).__name__}",
             "trainer": type(trainer).__module__.split(".")[0],
@@ -75,7 +79,7 @@ class LightningGradScope:
             "world_size": trainer.world_size,
             "max_steps": trainer.max_steps,
         }
-        self._gradscope.start(pl_module, folder, settings)
+        self._gradscope.start(pl_module, folder or trainer.default_root_dir, settings)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self._gradscope.watch is not None:

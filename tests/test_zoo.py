@@ -89,8 +89,8 @@ def test_hf_bert_is_a_masked_lm_fed_token_batches(tmp_path, capsys):
     assert report["loss"][0] == pytest.approx(math.log(50), abs=0.5)
 
 
-def test_hf_local_folder_with_config_only(tmp_path, capsys):
-    folder = tmp_path / "tiny-gpt2"
+def test_hf_local_folder_with_config_only(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "gpt2"
     folder.mkdir()
     config = {
         "model_type": "gpt2",
@@ -114,6 +114,13 @@ def test_hf_local_folder_with_config_only(tmp_path, capsys):
     assert report["loss"][0] == pytest.approx(math.log(40), abs=0.5)
     # --seq-len defaults to 128, cut to the model's 64 positions.
     assert "at most 64 positions" in captured.err
+    # A bare name is the model type even beside a folder of that name; ./name is the folder.
+    monkeypatch.chdir(tmp_path)
+    assert load_with_settings("hf:gpt2")[0].architecture["parameters"] > 100e6
+    assert load_with_settings("hf:./gpt2")[0].display_name == "transformers gpt2 (causal LM)"
+    assert (
+        load_with_settings("hf:./gpt2")[0].notes[0].endswith("the model starts from random weights")
+    )
 
 
 def test_hf_local_folder_loads_its_weights_and_its_head(tmp_path):
@@ -194,6 +201,15 @@ def test_unknown_names_get_suggestions(source, expected, capsys):
     err = capsys.readouterr().err
     assert expected in err
     assert "Traceback" not in err
+
+
+def test_zoo_model_names_for_a_picker():
+    from gradscope.core.zoo import zoo_model_names
+
+    hf = zoo_model_names("hf:")
+    assert {"hf:gpt2", "hf:bert", "hf:llama", "hf:t5", "hf:vit"} <= set(hf)
+    assert "hf:clip_text_model" not in hf  # no head that random batches can train
+    assert "timm:resnet18" in zoo_model_names("timm:")
 
 
 def test_unknown_config_key_is_an_error_with_suggestions(capsys):

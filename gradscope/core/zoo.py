@@ -96,6 +96,22 @@ def load_zoo_model(
     return _load_timm(source, name, overrides, options.get("image_size"), weights)
 
 
+def zoo_model_names(prefix: str) -> list[str]:
+    """Every name ``prefix`` ("hf:" or "timm:") takes, for a picker such as the app's
+    (transformers: the model types with a head that random batches can train)."""
+    if prefix == "hf:":
+        require("transformers", "hf")
+        from transformers.models.auto import modeling_auto
+
+        types = set()
+        for _, mapping, _ in _hf_tasks():
+            types.update(getattr(modeling_auto, mapping, {}))
+        return [f"hf:{name}" for name in sorted(types)]
+    if prefix == "timm:":
+        return [f"timm:{name}" for name in require("timm", "timm").list_models()]
+    raise GradScopeError(f"unknown model prefix {prefix!r}; use one of {', '.join(ZOO_PREFIXES)}")
+
+
 def parse_model_config(values: Any) -> dict[str, Any]:
     """``--config key=value`` pairs (or a dict) as a dict; values are read as JSON where
     they parse (``4``, ``0.1``, ``true``, ``null``, ``[1, 2]``), else kept as text."""
@@ -169,8 +185,11 @@ def _hf_task(transformers: Any, config: Any) -> tuple[str, Any]:
     )
 
 
-def _looks_like_folder(name: str) -> bool:
-    return "/" in name or "\\" in name or name.startswith((".", "~")) or Path(name).is_dir()
+def _looks_like_folder(name: str, model_types: Mapping[str, Any]) -> bool:
+    """A path by its look; a bare name is a model type even if a folder has that name."""
+    if "/" in name or "\\" in name or name.startswith((".", "~")):
+        return True
+    return name not in model_types and Path(name).is_dir()
 
 
 def _hf_weights(folder: Path) -> Path | None:
@@ -185,7 +204,9 @@ def _hf_weights(folder: Path) -> Path | None:
 
 def _hf_config(transformers: Any, name: str) -> tuple[Any, Path | None, Path | None]:
     """(config, folder, weights file) for ``hf:<model_type>`` or ``hf:<folder>``."""
-    if _looks_like_folder(name):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if _looks_like_folder(name, CONFIG_MAPPING_NAMES):
         folder = Path(name).expanduser()
         if not folder.is_dir():
             raise GradScopeError(f"hf:{name}: no such folder")
@@ -201,8 +222,6 @@ def _hf_config(transformers: Any, name: str) -> tuple[Any, Path | None, Path | N
                 f"hf:{name}: config.json cannot be read: {type(error).__name__}: {first}"
             ) from None
         return config, folder, _hf_weights(folder)
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
     names = sorted(CONFIG_MAPPING_NAMES)
     if name not in CONFIG_MAPPING_NAMES:
         raise GradScopeError(

@@ -377,3 +377,66 @@ def test_lightning_ddp_records_once_the_averaged_gradients(tmp_path):
     rank1 = json.loads((tmp_path / "norms1.json").read_text())
     np.testing.assert_allclose(rank0, rank1, rtol=1e-6)  # averaged: the same on both ranks
     np.testing.assert_allclose(history.series("grad_norm", "net.0"), rank0, rtol=1e-5)
+
+
+HF_DDP_SCRIPT = """
+import json, sys
+import torch, transformers
+from gradscope.integrations.transformers import GradScopeCallback
+
+
+class TokenData(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(index))
+        return {"input_ids": ids, "labels": ids}
+
+
+config = transformers.GPT2Config(
+    n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0
+)
+torch.manual_seed(0)
+args = transformers.TrainingArguments(
+    output_dir=sys.argv[1], max_steps=4, per_device_train_batch_size=2,
+    gradient_accumulation_steps=2, report_to=[], use_cpu=True, save_strategy="no",
+    logging_steps=1, disable_tqdm=True,
+)
+trainer = transformers.Trainer(
+    model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=TokenData(),
+    callbacks=[GradScopeCallback()],
+)
+trainer.train()
+if args.process_index == 0:
+    logs = [e for e in trainer.state.log_history if "grad_norm" in e]
+    with open(f"{sys.argv[1]}/logs.json", "w") as file:
+        json.dump(logs, file)
+"""
+
+
+def test_transformers_ddp_records_once_with_the_averaged_gradients(tmp_path):
+    # torchrun, 2 processes on gloo: the main process records the averaged gradients
+    # (the Trainer's logged grad_norm) and its own loss at the Trainer's scale.
+    script = tmp_path / "hf_ddp_run.py"
+    script.write_text(HF_DDP_SCRIPT)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", script, tmp_path],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in tmp_path.glob("*.gsrec")] == ["gradscope.gsrec"]
+    history, settings = _read(tmp_path / "gradscope.gsrec")
+    assert settings["world_size"] == 2
+    assert history.steps.tolist() == [0, 1, 2, 3]
+    logs = json.loads((tmp_path / "logs.json").read_text())
+    np.testing.assert_allclose(
+        history.total_grad_norm[: history.count], [e["grad_norm"] for e in logs], rtol=1e-4
+    )
+    # Rank 0's loss, not the mean over both ranks the Trainer logs: close to it, not 1/2.
+    np.testing.assert_allclose(history.losses, [e["loss"] for e in logs], rtol=0.05)

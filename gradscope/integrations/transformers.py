@@ -50,7 +50,8 @@ class GradScopeCallback(TrainerCallback):
     ``on_pre_optimizer_step``, after clipping, where clipping takes another path.)
     The loss of a step is its micro-batches' ``output.loss`` combined as the Trainer does
     (summed when the model was given ``num_items_in_batch``, else averaged). The main
-    process (``state.is_world_process_zero``) records.
+    process (``state.is_world_process_zero``) records, with its own loss (the Trainer
+    logs the mean over the processes; that would take a collective).
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class GradScopeCallback(TrainerCallback):
         self._state: Any = None
         self._collected: int | None = None
         self._unwrap: Any = None
+        self._loss_scale = 1
 
     @property
     def path(self) -> Path | None:
@@ -113,6 +115,10 @@ class GradScopeCallback(TrainerCallback):
         # The loss each micro-batch's forward returned: one hook, on the root module only.
         self._loss_hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
         self._state = state
+        # Averaging tokens across processes, the model divides by the token count of every
+        # process and the Trainer multiplies back by their number: this process's loss.
+        average = getattr(args, "average_tokens_across_devices", False)
+        self._loss_scale = args.world_size if average and args.world_size > 1 else 1
         self._follow_unscaling(_calling_trainer())
 
     def _on_forward(self, module: Any, args: Any, kwargs: dict, output: Any) -> None:
@@ -161,6 +167,8 @@ class GradScopeCallback(TrainerCallback):
         loss, count = self._losses.take()
         if loss is not None and count > 1 and not self._summed:
             loss = loss / count
+        if loss is not None and self._summed and self._loss_scale != 1:
+            loss = loss * self._loss_scale
         self._summed = False
         self._gradscope.collect(loss, state.global_step)
 

@@ -48,6 +48,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     add("--clip", type=float, help="clip the total gradient norm to this (default off)")
     add("--image-size", type=int, help="image size for torchvision models (default 224)")
+    add("--seq-len", type=int, help="tokens per sequence for hf: models (default 128)")
+    add(
+        "--config",
+        action="append",
+        dest="model_config",
+        metavar="KEY=VALUE",
+        help="set a config value of an hf:/timm: model (repeatable)",
+    )
     add("--layers", nargs="+", metavar="GLOB", help="layers to watch, names or globs")
     add("--seed", type=int, help="random seed (default 0)")
     add("--explode-threshold", type=float, help="grad norm above this is exploding (1000)")

@@ -51,10 +51,24 @@ class LoadedModel:
     path: Path | None = None
     image_size: int | None = None
     notes: list[str] = field(default_factory=list)
+    # hf:/timm: models: the architecture as built (scaled-down sizes included), to show.
+    architecture: dict[str, Any] = field(default_factory=dict)
 
 
-def load_source(source: str, image_size: int = 224, weights: str | None = None) -> LoadedModel:
-    """A ``.py`` path, or a torchvision model name."""
+def load_source(
+    source: str,
+    image_size: int = 224,
+    weights: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> LoadedModel:
+    """A ``.py`` path, a torchvision model name, or hf:/timm: (``options``: the user's run
+    settings, for the model's own input size, ``seq_len`` and ``model_config``)."""
+    if source.startswith(("hf:", "timm:")):
+        from gradscope.core.zoo import load_zoo_model
+
+        return load_zoo_model(source, weights=weights, options=options)
+    if (options or {}).get("model_config"):
+        raise GradScopeError("--config applies to hf: and timm: models only")
     if source.endswith(".py") or os.sep in source or "/" in source:
         if weights:
             raise GradScopeError("--weights applies to torchvision models only")
@@ -332,7 +346,7 @@ def load_with_settings(
     # what the user typed.
     overrides = dict(overrides or {})
     image_size = overrides.get("image_size") or RunSettings.image_size
-    loaded = load_source(source, image_size=image_size, weights=weights)
+    loaded = load_source(source, image_size=image_size, weights=weights, options=overrides)
     settings = settings_from_config(defaults or {})
     settings = settings_from_config(loaded.config, settings)
     settings = settings_from_config(overrides, settings)

@@ -40,6 +40,9 @@ class RunSettings:
     update_ratio: bool = False
     trace: bool = False
     rewind_depth: int = 0
+    # hf: models: tokens per sequence; hf:/timm: models: config overrides (--config k=v).
+    seq_len: int = 128
+    model_config: dict[str, Any] | list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def validated(self) -> RunSettings:
@@ -71,6 +74,8 @@ class RunSettings:
             problems.append(f"clip must be a positive max norm, not {self.clip}")
         if not 0 <= self.rewind_depth <= 1000:
             problems.append(f"rewind depth must be 0..1000, not {self.rewind_depth}")
+        if self.seq_len < 1:
+            problems.append(f"sequence length must be >= 1, not {self.seq_len}")
         if self.image_size < 8:
             problems.append(f"image size must be >= 8, not {self.image_size}")
         if problems:

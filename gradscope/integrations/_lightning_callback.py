@@ -1,0 +1,114 @@
+"""The Lightning callback's behaviour, shared by the ``lightning`` and ``pytorch_lightning``
+flavours (each Trainer accepts only callbacks derived from its own package's ``Callback``).
+Imports neither package: the flavour modules pair this with their ``Callback``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gradscope.integrations._callback import CallbackWatch, LossAccumulator
+
+
+class LightningGradScope:
+    """Per-layer gradient statistics of every optimizer step of a Lightning Trainer,
+    recorded for ``gradscope report`` and the app (``gradscope open``).
+
+    ``record``: the recording's path; by default ``gradscope.gsrec`` in the Trainer's log
+    folder (``lightning_logs/version_N``, or ``default_root_dir`` without a logger).
+    ``layers``: module names or glob patterns of the LightningModule (default: every module
+    with parameters). ``detail_every``: passed to the watch. ``open_app=True`` opens the app
+    on the recording as training starts. Other keyword arguments go to ``gradscope.watch``
+    (``explode_threshold``, ``vanish_threshold``, ``update_ratio``...).
+
+    Statistics are taken in ``on_before_optimizer_step``: after backward (and, with
+    gradient accumulation, after the last micro-batch's backward: once per optimizer step),
+    after AMP's loss scaler has unscaled the gradients, before Lightning's gradient clipping
+    and the optimizer step. Under DDP the gradients are already averaged over the
+    processes; the global rank 0 records. The step's loss is the mean of its micro-batches'
+    losses (from those passed to backward, which Lightning divides by the accumulation).
+    """
+
+    def __init__(
+        self,
+        record: str | os.PathLike[str] | None = None,
+        layers: str | Sequence[str] | None = None,
+        detail_every: int | None = None,
+        *,
+        open_app: bool = False,
+        **watch_options: Any,
+    ) -> None:
+        super().__init__()
+        self._gradscope = CallbackWatch(record, layers, detail_every, open_app, watch_options)
+        self._losses = LossAccumulator()
+
+    @property
+    def path(self) -> Path | None:
+        """Where the recording is written (None before training starts, or on a process
+        that does not record)."""
+        return self._gradscope.path
+
+    @property
+    def watch(self) -> Any:
+        """The live watch while training runs (None otherwise)."""
+        return self._gradscope.watch
+
+    @property
+    def last_stats(self) -> Any:
+        """The last optimizer step's :class:`~gradscope.core.watch.StepStats`."""
+        return self._gradscope.last_stats
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._losses.take()
+        folder = None
+        if self._gradscope.record is None:
+            # Trainer.log_dir broadcasts rank 0's folder: a collective that every process
+            # must join (rank 0 alone would wait for the others forever).
+            folder = trainer.log_dir or trainer.default_root_dir
+        if not trainer.is_global_zero:
+            return
+        settings = {
+            "source": f"Lightning {type(pl_module).__name__}",
+            "trainer": type(trainer).__module__.split(".")[0],
+            "precision": str(trainer.precision),
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "gradient_clip_val": trainer.gradient_clip_val,
+            "strategy": type(trainer.strategy).__name__,
+            "world_size": trainer.world_size,
+            "max_steps": trainer.max_steps,
+        }
+        self._gradscope.start(pl_module, folder or trainer.default_root_dir, settings)
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self._gradscope.watch is not None:
+            self._losses.add(loss)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._gradscope.watch is None:
+            return
+        loss, count = self._losses.take()
+        accumulate = trainer.accumulate_grad_batches
+        if (
+            loss is not None
+            and count != accumulate
+            and trainer.lightning_module.automatic_optimization
+        ):
+            # The last step of an epoch can have fewer micro-batches; each was still divided
+            # by accumulate_grad_batches: the mean of their losses, as every other step's.
+            loss = loss * (accumulate / count)
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if loss is not None and scaler is not None:
+            # 16-bit AMP hands on_before_backward the scaled loss; the gradients are
+            # unscaled by now. The scale as a tensor: dividing costs no synchronisation.
+            scale = getattr(scaler, "_scale", None)
+            loss = loss / (scale.to(loss.device) if scale is not None else scaler.get_scale())
+        self._gradscope.collect(loss, trainer.global_step)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._gradscope.close()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            self._gradscope.close()

@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from models.distributed_workers import WORKER_SECONDS, ddp_nan_in_one_rank
+from models.distributed_workers import WORKER_SECONDS, ddp_nan_in_one_rank, fsdp2_statistics
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch built without torch.distributed"
@@ -47,12 +47,40 @@ def test_ddp_nan_in_one_rank_is_located_there_and_nobody_hangs(tmp_path):
         if entry["origin"] is not None:  # the rank whose batch broke: located
             assert entry["origin"]["phase"] != "unknown", entry["origin"]
     for entry in rank1["steps"]:
-        if entry["origin"] is not None:  # the other rank: says where to look
+        if entry["origin"] is not None:  # the other rank: says which rank to look at
             assert entry["origin"]["phase"] == "unknown"
-            assert "another rank" in entry["origin"]["details"]["reason"]
+            assert "rank 0 had a non-finite batch" in entry["origin"]["details"]["reason"]
+    for facts in (rank0, rank1):  # every rank knows which rank broke, at every step
+        for entry in facts["steps"]:
+            assert entry["broken"] == ([0] if entry["step"] in (0, 3) else [])
+    assert rank0["steps"][0]["origin"]["phase"] == "input"  # the NaN was in its batch
+    assert rank0["steps"][0]["origin"]["tensor"] == "inputs"
     assert rank0["path"].endswith("run.rank0.gsrec") and rank1["path"].endswith("run.rank1.gsrec")
     from gradscope.core.recording import RecordingReader
 
     for rank in (0, 1):
         with RecordingReader(tmp_path / f"run.rank{rank}.gsrec") as reader:
             assert reader.load()[1].count == 6
+
+
+def test_fsdp2_statistics_equal_an_unsharded_copy_with_one_collective(tmp_path):
+    rank0, rank1 = run_workers(fsdp2_statistics, tmp_path)
+    for facts in (rank0, rank1):
+        for step, entry in enumerate(facts["steps"]):
+            # One all_gather of one small vector per collect(), nothing else; the first
+            # collect() after sharding also reads the new weights' norms once.
+            assert entry["collectives"] == {
+                "all_gather_into_tensor": 1,
+                "all_reduce": 1 if step == 0 else 0,
+                "all_gather": 0,
+                "broadcast": 0,
+            }
+            for label in ("early", "late"):
+                got = entry[label]
+                assert got["names"] == facts["expected_names"]
+                for key in ("grad_norm", "max_abs", "weight_norm"):
+                    assert got[key] < 1e-5, (label, key, got)
+                assert got["total"] < 1e-5
+                assert len(got["losses"]) == 2
+        origin = facts["fsdp_origin"]
+        assert origin["phase"] == "unknown" and "FSDP" in origin["details"]["reason"]

@@ -31,8 +31,19 @@ from torch import nn
 
 from gradscope.core.errors import GradScopeError
 from gradscope.core.module_tree import select_layers
-from gradscope.core.origin import Origin, loss_from_output
+from gradscope.core.origin import Origin, float_tensors, loss_from_output
 from gradscope.core.safe_locate import locate_safely, statistics_origin
+from gradscope.core.sharded import (
+    FACT_SLOTS,
+    KEEP,
+    MAX,
+    SUM,
+    RankExchange,
+    RankFacts,
+    is_sharded,
+    local,
+    replicas,
+)
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.wrappers import unwrap_model
 
@@ -114,6 +125,9 @@ class StepStats:
     loss_scale: float | None = None
     skipped: bool = False
     scale_collapsed: bool = False
+    # Under torch.distributed: every rank's loss and whether its own batch or loss went
+    # non-finite (``ranks.broken``), from the step's one all_gather.
+    ranks: RankFacts | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -162,6 +176,10 @@ class _Group:
     # Parameters of modules that can make sparse gradients (``nn.Embedding(sparse=True)``):
     # only these groups look at a gradient's layout.
     sparse_capable: bool = False
+    # DTensor parameters (FSDP2): each rank reads its shard; the figures are reduced over
+    # the ranks (divided by ``replicas``, the ranks holding the same shard).
+    sharded: bool = False
+    replicas: int = 1
 
     def freeze(self) -> _Group:
         self.index_array = np.asarray(self.indices, dtype=np.intp)
@@ -198,6 +216,7 @@ def _norm_dtype(tensor: torch.Tensor) -> torch.dtype | None:
 def _values(grad: torch.Tensor) -> torch.Tensor:
     """The numbers of a gradient: a sparse gradient's stored values, a complex one's moduli
     (so that max |g| and the NaN/Inf counts read what they say)."""
+    grad = local(grad)
     if grad.layout != torch.strided:
         grad = grad.coalesce().values()
     return grad.abs() if grad.is_complex() else grad
@@ -211,6 +230,15 @@ def _exact_norm(grad: torch.Tensor) -> float:
     if scale == 0.0 or not np.isfinite(scale):
         return float(torch.linalg.vector_norm(grad))
     return scale * float(torch.linalg.vector_norm(grad / scale))
+
+
+def _sum_of_squares(tensor: torch.Tensor) -> torch.Tensor:
+    """One tensor's sum of squares as a float32/float64 0-d tensor (half precision
+    accumulates in float32)."""
+    if tensor.dtype in _DOT_DTYPES and tensor.is_contiguous():
+        flat = tensor.view(-1)
+        return torch.dot(flat, flat)
+    return torch.linalg.vector_norm(_values(tensor), dtype=torch.float32).square()
 
 
 def _sum_squares(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -258,6 +286,16 @@ class GradientWatch:
     ``stats.loss_scale`` is the scale. A non-finite loss is still a failure (the scaler would
     skip it forever), and so is a scale that halves below ``scale_collapse_below`` (1.0).
 
+    Under torch.distributed (DDP, FSDP2) every rank gets the whole model's statistics: DDP
+    gradients are already all-reduced; FSDP2's sharded ones are reduced from each rank's
+    shard with one ``all_gather`` of a small vector per step (never a gather of tensors). The
+    same gather brings ``stats.ranks``: each rank's loss and whether its batch or loss went
+    non-finite. Every rank must call :meth:`collect` at every step, as it calls
+    ``backward``. A watch made on one rank only (``if rank == 0``) is noticed when it is made
+    (through the process group's store, within 30 s) and then runs no collective; pass
+    ``collectives=False`` to say so at once (no per-rank facts, and sharded statistics of
+    this rank's shards only), or ``collectives=True`` to skip the check.
+
     ``record="runs/x.gsrec"`` adds a recording sink (``settings``: a JSON-able dict stored
     with it; ``overwrite=True`` replaces an existing recording, otherwise a new numbered name
     is chosen); ``sinks`` are further objects with ``on_step(watch, stats)`` and ``close()``.
@@ -276,6 +314,7 @@ class GradientWatch:
         max_located: int = 20,
         scaler: Any = None,
         scale_collapse_below: float = 1.0,
+        collectives: bool | None = None,
         record: str | os.PathLike[str] | None = None,
         settings: Mapping[str, Any] | None = None,
         overwrite: bool = False,
@@ -294,7 +333,67 @@ class GradientWatch:
         self.scale_collapse_below = float(scale_collapse_below)
         if isinstance(layers, str):
             layers = [layers]
-        names = select_layers(model, layers)
+        self._layers_spec = None if layers is None else list(layers)
+        # torch.distributed: statistics of sharded parameters and the per-rank facts travel
+        # in one all_gather per step (see gradscope.core.sharded); none without it.
+        if collectives is False:
+            self._exchange = None
+        else:
+            self._exchange = RankExchange.current(verify=collectives is None)
+        self._rank_facts = self._exchange is not None
+        self._bind()
+        if layers is not None and self.layers and not any(p.requires_grad for p in self._params):
+            warn_user(
+                f"gradscope.watch: layers={list(layers)!r} match only frozen layers "
+                "(requires_grad=False); they show as frozen until they are unfrozen"
+            )
+        self._step = 0
+        self._weights_before: list[tuple[np.ndarray, list, list[torch.Tensor], bool]] | None = None
+        self.last: StepStats | None = None
+        self.origins: list[Origin] = []
+        self._located = 0
+        self._in_episode = False
+        self._handles: list[Any] = []
+        # The optimizers that write the weights: an "update" origin names them, and with
+        # update_ratio their steps are measured. A runner that replaces its optimizer
+        # updates this list.
+        if optimizer is None:
+            self.optimizers: list[torch.optim.Optimizer] = []
+        elif isinstance(optimizer, (list, tuple)):
+            self.optimizers = list(optimizer)
+        else:
+            self.optimizers = [optimizer]
+        if update_ratio:
+            for each in self.optimizers:
+                self._handles.append(each.register_step_post_hook(lambda *_: self.measure_update()))
+        self._sinks: list[Any] = list(sinks)
+        self.recording: Any = None
+        if record is not None:
+            from gradscope.core.recording.sink import RecordingSink
+
+            try:
+                sink = RecordingSink(
+                    self,
+                    record,
+                    settings,
+                    overwrite=overwrite,
+                    commit_seconds=commit_seconds,
+                )
+            except BaseException:
+                self.close()
+                raise
+            self.recording = sink.writer
+            self._sinks.append(sink)
+        elif settings is not None:
+            raise GradScopeError("settings= is stored in a recording; pass record= too")
+
+    def _bind(self) -> None:
+        """Find the watched layers and their parameters, and group them for the per-step
+        reads. Run again when the model's parameters are replaced after ``watch()``
+        (``fully_shard`` turns them into DTensors and changes the module's class)."""
+        model = self.model
+        self._root_class = type(model)
+        names = select_layers(model, self._layers_spec)
         modules = dict(model.named_modules())
         qualified = {id(p): n for n, p in model.named_parameters(remove_duplicate=True)}
         sparse_capable = {
@@ -342,63 +441,23 @@ class GradientWatch:
         self._unwatched = [p for p in model.parameters() if id(p) not in index_of]
         self._groups = self._group(self._params, sparse_capable)
         self._unwatched_groups = self._group(self._unwatched, sparse_capable)
+        self._sharded = any(g.sharded for g in (*self._groups, *self._unwatched_groups))
         # Weight figures of parameters without a gradient are not read again each step
         # (a frozen backbone's weights do not change): the last ones read stand for them.
         self._weight_norm = self._read_weight_norms()
-        if layers is not None and names and not any(p.requires_grad for p in self._params):
-            warn_user(
-                f"gradscope.watch: layers={list(layers)!r} match only frozen layers "
-                "(requires_grad=False); they show as frozen until they are unfrozen"
-            )
-        self._step = 0
-        self._weights_before: list[tuple[np.ndarray, list, list[torch.Tensor]]] | None = None
-        self.last: StepStats | None = None
-        self.origins: list[Origin] = []
-        self._located = 0
-        self._in_episode = False
-        self._handles: list[Any] = []
-        # The optimizers that write the weights: an "update" origin names them, and with
-        # update_ratio their steps are measured. A runner that replaces its optimizer
-        # updates this list.
-        if optimizer is None:
-            self.optimizers: list[torch.optim.Optimizer] = []
-        elif isinstance(optimizer, (list, tuple)):
-            self.optimizers = list(optimizer)
-        else:
-            self.optimizers = [optimizer]
-        if update_ratio:
-            for each in self.optimizers:
-                self._handles.append(each.register_step_post_hook(lambda *_: self.measure_update()))
-        self._sinks: list[Any] = list(sinks)
-        self.recording: Any = None
-        if record is not None:
-            from gradscope.core.recording.sink import RecordingSink
-
-            try:
-                sink = RecordingSink(
-                    self,
-                    record,
-                    settings,
-                    overwrite=overwrite,
-                    commit_seconds=commit_seconds,
-                )
-            except BaseException:
-                self.close()
-                raise
-            self.recording = sink.writer
-            self._sinks.append(sink)
-        elif settings is not None:
-            raise GradScopeError("settings= is stored in a recording; pass record= too")
 
     # -- grouping ---------------------------------------------------------------------
     @staticmethod
     def _group(params: Sequence[torch.Tensor], sparse_capable: set[int]) -> list[_Group]:
-        groups: dict[tuple[torch.device, torch.dtype, bool], _Group] = {}
+        groups: dict[tuple[torch.device, torch.dtype, bool, int], _Group] = {}
         for index, p in enumerate(params):
             sparse = id(p) in sparse_capable
-            key = (p.device, p.dtype, sparse)
+            copies = replicas(p) if is_sharded(p) else 0  # 0: not sharded
+            key = (p.device, p.dtype, sparse, copies)
             if key not in groups:
-                groups[key] = _Group([], [], sparse_capable=sparse)
+                groups[key] = _Group(
+                    [], [], sparse_capable=sparse, sharded=copies > 0, replicas=max(1, copies)
+                )
             groups[key].indices.append(index)
             groups[key].params.append(p)
         return [group.freeze() for group in groups.values()]
@@ -407,9 +466,21 @@ class GradientWatch:
     def _read_weight_norms(self) -> np.ndarray:
         norms = np.zeros(len(self._params))
         for group in self._groups:
+            if group.sharded:
+                squares = torch.stack([local(p).double().square().sum() for p in group.params])
+                squares = self._exchange_sum(squares) / group.replicas
+                norms[group.index_array] = squares.sqrt().cpu().numpy()
+                continue
             values = torch._foreach_norm(group.params, 2, dtype=_norm_dtype(group.params[0]))
             norms[group.index_array] = torch.stack(values).double().cpu().numpy()
         return norms
+
+    def _exchange_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A sum over ranks for sharded figures on rare steps (every rank gets here at the
+        same step: the figures that send it here are reduced ones)."""
+        if self._exchange is None:
+            return tensor
+        return self._exchange.all_reduce_sum(tensor)
 
     @property
     def step(self) -> int:
@@ -424,6 +495,12 @@ class GradientWatch:
         self._in_episode = False
 
     @property
+    def on_every_rank(self) -> bool:
+        """Under torch.distributed, whether every rank made this watch (and so it exchanges
+        figures and facts with them)."""
+        return self._exchange is not None
+
+    @property
     def first_origin(self) -> Origin | None:
         """The origin of the first NaN/Inf episode, or None."""
         return self.origins[0] if self.origins else None
@@ -435,7 +512,9 @@ class GradientWatch:
 
     # -- collection -------------------------------------------------------------------
     @torch.no_grad()
-    def launch(self, loss: Any = None) -> list[tuple[torch.Tensor, list, Any]]:
+    def launch(
+        self, loss: Any = None, *, batch: Any = None
+    ) -> list[tuple[torch.Tensor, list, Any]]:
         """Queue every statistic's computation and the device-to-host copies; no host
         synchronisation happens here (checked on CUDA by the benchmark and tests).
 
@@ -450,8 +529,15 @@ class GradientWatch:
         gradient are read: a frozen backbone costs nothing.
         """
         loss = None if loss is None else loss_from_output(loss)
+        batch_for_facts = batch
+        if type(self.model) is not self._root_class:  # sharded (or re-wrapped) since
+            self._bind()
         parts: dict[torch.device, list[torch.Tensor]] = {}
         layout: dict[torch.device, list[_Entry]] = {}
+        # Sharded figures, reduced over the ranks before the host transfer (one collective).
+        shared: list[torch.Tensor] = []
+        shared_kinds: list[int] = []
+        shared_layout: list[_Entry] = []
         copy_weights = self.update_ratio_enabled
         self._weights_before = [] if copy_weights else None
         for group in self._groups:
@@ -466,6 +552,18 @@ class GradientWatch:
                 params = [params[i] for i in present]
             if group.sparse_capable:
                 grads = [_values(g) for g in grads]
+            if group.sharded:
+                self._launch_sharded(group, present, grads, params, shared, shared_kinds)
+                shared_layout.append(
+                    _Entry("watched", group, present, len(params), squared=True, interleaved=True)
+                )
+                if copy_weights:
+                    indices = group.index_array if present is None else group.index_array[present]
+                    locals_ = [local(p) for p in params]
+                    self._weights_before.append(
+                        (indices, locals_, torch._foreach_mul(locals_, 1.0), True)
+                    )
+                continue
             sample = grads[0]
             device = sample.device
             pieces = parts.setdefault(device, [])
@@ -513,7 +611,9 @@ class GradientWatch:
             )
             if copy_weights:
                 indices = group.index_array if present is None else group.index_array[present]
-                self._weights_before.append((indices, params, torch._foreach_mul(params, 1.0)))
+                self._weights_before.append(
+                    (indices, params, torch._foreach_mul(params, 1.0), False)
+                )
         for group in self._unwatched_groups:
             present = [i for i, p in enumerate(group.params) if p.grad is not None]
             if not present:
@@ -521,6 +621,14 @@ class GradientWatch:
             grads = [group.params[i].grad for i in present]
             if group.sparse_capable:
                 grads = [_values(g) for g in grads]
+            if group.sharded:
+                for g in grads:
+                    shared.append(_sum_of_squares(local(g)) / group.replicas)
+                    shared_kinds.append(SUM)
+                shared_layout.append(
+                    _Entry("unwatched", group, present, len(present), squared=True)
+                )
+                continue
             device = grads[0].device
             squared = device.type in _PER_TENSOR_DEVICES and grads[0].dtype in _DOT_DTYPES
             if squared:
@@ -540,9 +648,25 @@ class GradientWatch:
             value = loss.detach().reshape(())
             parts.setdefault(device, []).append(value.real if value.is_complex() else value)
             layout.setdefault(device, []).append(_Entry("loss"))
+        tails: dict[torch.device, torch.Tensor] = {}
+        if self._exchange is not None and (shared or self._rank_facts):
+            facts = self._facts(loss, batch_for_facts) if self._rank_facts else []
+            device = (shared + facts)[0].device
+            reduced = self._exchange.exchange(
+                torch.stack([*shared, *facts]).to(torch.float64),
+                self._kinds_tensor(tuple(shared_kinds), device),
+                len(facts),
+            )
+            tails[device] = reduced
+            layout.setdefault(device, []).extend(shared_layout)
+            if facts:
+                layout[device].append(_Entry("ranks", count=self._exchange.world))
         transfers = []
-        for device, pieces in parts.items():
-            vector = torch.stack(pieces)
+        for device in layout:
+            pieces = parts.get(device, [])
+            vector = torch.stack(pieces) if pieces else None
+            if device in tails:
+                vector = tails[device] if vector is None else torch.cat([vector, tails[device]])
             if vector.dtype not in (torch.float32, torch.float64):
                 vector = vector.float()
             if vector.device.type != "cpu":
@@ -576,6 +700,7 @@ class GradientWatch:
         imprecise: list[np.ndarray] = []
         loss_value: float | None = None
         scale_value: float | None = None
+        rank_facts: RankFacts | None = None
         for host, entries, event in transfers:
             if event is not None:
                 event.synchronize()
@@ -589,6 +714,16 @@ class GradientWatch:
                 if entry.kind == "scale":
                     scale_value = float(values[cursor])
                     cursor += 1
+                    continue
+                if entry.kind == "ranks":
+                    per_rank = values[cursor : cursor + FACT_SLOTS * entry.count]
+                    per_rank = per_rank.reshape(entry.count, FACT_SLOTS)
+                    cursor += FACT_SLOTS * entry.count
+                    rank_facts = RankFacts(
+                        loss=per_rank[:, 0],
+                        loss_given=per_rank[:, 1] > 0,
+                        batch_nonfinite=per_rank[:, 2] > 0,
+                    )
                     continue
                 group = entry.group
                 count = entry.count
@@ -699,6 +834,7 @@ class GradientWatch:
             loss_scale=scale_value,
             skipped=skipped,
             scale_collapsed=collapsed,
+            ranks=rank_facts,
         )
         self._step += 1
         self.last = stats
@@ -724,7 +860,7 @@ class GradientWatch:
         instruments and ``stats.origin`` says the module, operation and line. It is never
         called on finite steps. ``batch``: the step's batch, checked for NaN/Inf data.
         """
-        return self.resolve(self.launch(loss), locate=locate, batch=batch)
+        return self.resolve(self.launch(loss, batch=batch), locate=locate, batch=batch)
 
     def _absent_status(self, layers: np.ndarray) -> np.ndarray:
         """frozen (no parameter requires a gradient) or no gradient, for layers whose
@@ -736,6 +872,76 @@ class GradientWatch:
             trainable = any(self._params[i].requires_grad for i in members.tolist())
             status[k] = STATUS_NO_GRADIENT if trainable else STATUS_FROZEN
         return status
+
+    # -- torch.distributed ---------------------------------------------------------------
+    def _name_the_rank(self, origin: Origin, ranks: RankFacts) -> None:
+        """Which rank's batch or loss started the episode: in the origin of every rank."""
+        assert self._exchange is not None
+        broken = ranks.broken
+        origin.details["rank"] = self._exchange.rank
+        origin.details["ranks"] = ranks.to_dict()
+        if not broken or self._exchange.rank in broken:
+            return
+        if origin.phase == "unknown":
+            names = ", ".join(map(str, broken))
+            origin.details["reason"] = (
+                f"this rank's batch and loss were finite; rank {names} had a non-finite batch "
+                "or loss at this step, and its NaN/Inf reached this rank through the gradient "
+                f"all-reduce: see rank {broken[0]}'s origin"
+            )
+
+    @staticmethod
+    def _launch_sharded(
+        group: _Group,
+        present: list[int] | None,
+        grads: list[torch.Tensor],
+        params: list[torch.Tensor],
+        shared: list[torch.Tensor],
+        kinds: list[int],
+    ) -> None:
+        """This rank's figures of a sharded group, in the interleaved layout resolve reads:
+        (sum of squares, 0, max |g|) per gradient, then the sum of squares of each weight;
+        sums are divided by the replicas so that the sum over ranks counts each shard once."""
+        scale = 1.0 / group.replicas
+        for g in grads:
+            part = local(g)
+            shared.append(_sum_of_squares(part) * scale)
+            zero = part.new_zeros((), dtype=torch.float32)
+            shared.append(zero)
+            shared.append(_values(part).abs().amax().float() if part.numel() else zero)
+            kinds += (SUM, KEEP, MAX)
+        for p in params:
+            shared.append(_sum_of_squares(local(p)) * scale)
+            kinds.append(SUM)
+
+    def _facts(self, loss: torch.Tensor | None, batch: Any) -> list[torch.Tensor]:
+        """This rank's facts for the step's exchange: loss, loss given, batch non-finite."""
+        device = loss.device if loss is not None else self._fact_device()
+        if loss is not None:
+            value = loss.detach().reshape(()).float()
+            given = torch.ones((), device=device)
+        else:
+            value = torch.full((), float("nan"), device=device)
+            given = torch.zeros((), device=device)
+        tensors = [t for t in float_tensors(batch) if t.numel()] if batch is not None else []
+        if tensors:
+            bad = torch.stack([~torch.isfinite(t).all() for t in tensors]).any().float()
+            bad = bad.to(device)
+        else:
+            bad = torch.zeros((), device=device)
+        return [value, given, bad]
+
+    def _fact_device(self) -> torch.device:
+        if self._exchange is not None and self._exchange.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _kinds_tensor(self, kinds: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        cached = getattr(self, "_kinds_cache", None)
+        if cached is None or cached[0] != (kinds, device):
+            cached = ((kinds, device), torch.tensor(kinds, dtype=torch.int8, device=device))
+            self._kinds_cache = cached
+        return cached[1]
 
     # -- loss scaling --------------------------------------------------------------------
     def _scale_tensor(self) -> torch.Tensor | None:
@@ -801,6 +1007,8 @@ class GradientWatch:
                 batch=batch,
                 timeout=self.locate_timeout,
             )
+        if stats.ranks is not None:
+            self._name_the_rank(origin, stats.ranks)
         if stats.scale_collapsed:
             origin.details["scale_collapse"] = stats.loss_scale
             collapse = (
@@ -840,6 +1048,8 @@ class GradientWatch:
             torch.stack([g.isnan().sum(), g.isinf().sum()])
             for g in (_values(self._params[index].grad) for index in suspects)
         ]
+        if self._sharded:  # shards: counts summed over the ranks (one device per rank)
+            pairs = list(self._exchange_sum(torch.stack(pairs)))
         counts = [pair.cpu().numpy() for pair in pairs]  # devices may differ
         finite = []
         for index, (nans, infs) in zip(suspects, counts, strict=True):
@@ -849,10 +1059,14 @@ class GradientWatch:
         if finite:
             param_norm[finite] = self._exact_norms([self._params[i].grad for i in finite])
 
-    @staticmethod
-    def _exact_norms(grads: Sequence[torch.Tensor]) -> np.ndarray:
+    def _exact_norms(self, grads: Sequence[torch.Tensor]) -> np.ndarray:
         """:func:`_exact_norm` of several gradients with one host read per device: each is
-        scaled by its own max |g| so that no square overflows or underflows."""
+        scaled by its own max |g| so that no square overflows or underflows. Shards: float64
+        sums of squares (float32 values neither overflow nor underflow there), summed over
+        the ranks."""
+        if self._sharded:
+            squares = torch.stack([_values(g).double().square().sum() for g in grads])
+            return self._exchange_sum(squares).sqrt().cpu().numpy()
         out = np.zeros(len(grads))
         by_device: dict[torch.device, list[int]] = {}
         for k, grad in enumerate(grads):
@@ -891,8 +1105,12 @@ class GradientWatch:
             return None
         delta = np.zeros(len(self._params))
         pending = []
-        for indices, now, before in self._weights_before:
+        for indices, now, before, sharded in self._weights_before:
             diffs = torch._foreach_sub(now, before)
+            if sharded:
+                squares = torch.stack([d.double().square().sum() for d in diffs])
+                pending.append((indices, self._exchange_sum(squares).sqrt()))
+                continue
             norms = torch._foreach_norm(diffs, 2, dtype=_norm_dtype(now[0]))
             pending.append((indices, torch.stack(norms)))
         for indices, norms in pending:

@@ -82,6 +82,8 @@ class CallbackWatch:
         # Passed only when given, so the watch's own default applies otherwise.
         if self.detail_every is not None:
             options["detail_every"] = self.detail_every
+        # Only one process records (the global rank 0): its watch must run no collective.
+        options.setdefault("collectives", False)
         self.watch = gradscope.watch(
             model, self.layers, record=self.path, settings=settings, **options
         )

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -64,10 +65,109 @@ def ddp_nan_in_one_rank(rank: int, world: int, port: int, out: str) -> None:
                 "step": stats.step,
                 "nonfinite": stats.nonfinite,
                 "origin": None if origin is None else origin.to_dict(),
+                "broken": stats.ranks.broken,
             }
         )
     watch.close()
     facts["path"] = str(watch.path)
     Path(out, f"facts{rank}.json").write_text(json.dumps(facts, default=str))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def fsdp2_statistics(rank: int, world: int, port: int, out: str) -> None:
+    """FSDP2 with uneven shards (7 and 5 rows over 2 ranks); one watch made before sharding
+    and one after. Their statistics are compared with an unsharded copy trained on the
+    concatenated batch; the collectives each collect() issues are counted."""
+    import copy
+
+    from torch.distributed.fsdp import fully_shard
+
+    import gradscope
+
+    init(rank, world, port)
+    torch.manual_seed(0)
+    reference = nn.Sequential(
+        nn.Linear(6, 7), nn.Tanh(), nn.Linear(7, 5), nn.LayerNorm(5), nn.Linear(5, 1)
+    )
+    before = copy.deepcopy(reference)
+    early = gradscope.watch(before)  # made before sharding: must follow the new parameters
+    for module in before:
+        if next(module.parameters(), None) is not None:
+            fully_shard(module)
+    fully_shard(before)
+    after = copy.deepcopy(reference)
+    for module in after:
+        if next(module.parameters(), None) is not None:
+            fully_shard(module)
+    fully_shard(after)
+    late = gradscope.watch(after)
+    reference_watch = gradscope.watch(reference, collectives=False)
+
+    counts = {"all_gather_into_tensor": 0, "all_reduce": 0, "all_gather": 0, "broadcast": 0}
+    originals = {name: getattr(dist, name) for name in counts}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    facts = {"steps": []}
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (before, after, reference)]
+    for step in range(3):
+        batches = []
+        for r in range(world):
+            generator = torch.Generator().manual_seed(1000 * step + r)
+            batches.append(
+                (torch.randn(4, 6, generator=generator), torch.randn(4, 1, generator=generator))
+            )
+        x, y = batches[rank]
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        losses = []
+        for model in (before, after):
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            losses.append(loss)
+        full_x = torch.cat([b[0] for b in batches])
+        full_y = torch.cat([b[1] for b in batches])
+        nn.functional.mse_loss(reference(full_x), full_y).backward()
+        expected = reference_watch.collect()
+        for name in counts:
+            setattr(dist, name, counting(name))
+        try:
+            before_counts = dict(counts)
+            got_early = early.collect(losses[0], batch=(x, y))
+            one_collect = {k: counts[k] - before_counts[k] for k in counts}
+            got_late = late.collect(losses[1])
+        finally:
+            for name, function in originals.items():
+                setattr(dist, name, function)
+        entry = {"collectives": one_collect}
+        for label, got in (("early", got_early), ("late", got_late)):
+            entry[label] = {
+                key: np.abs(getattr(got, key) - getattr(expected, key)).max()
+                / max(np.abs(getattr(expected, key)).max(), 1e-12)
+                for key in ("grad_norm", "max_abs", "weight_norm")
+            }
+            entry[label]["total"] = abs(got.total_grad_norm - expected.total_grad_norm)
+            entry[label]["losses"] = got.ranks.loss.tolist()
+            entry[label]["names"] = [
+                layer.name for layer in (early if label == "early" else late).layers
+            ]
+        facts["steps"].append(entry)
+        for optimizer in optimizers:
+            optimizer.step()
+    # The diagnosis re-run is not tried under FSDP (its forward gathers parameters).
+    bad = x.clone()
+    bad[0, 0] = float("nan")
+    loss = nn.functional.mse_loss(after(bad), y)
+    loss.backward()
+    stats = late.collect(loss, locate=lambda: nn.functional.mse_loss(after(bad), y))
+    facts["fsdp_origin"] = None if stats.origin is None else stats.origin.to_dict()
+    facts["expected_names"] = [layer.name for layer in reference_watch.layers]
+    Path(out, f"facts{rank}.json").write_text(json.dumps(facts, default=float))
     dist.barrier()
     dist.destroy_process_group()

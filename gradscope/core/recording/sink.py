@@ -4,8 +4,8 @@ The watch computes each step's statistics, events and origin; this sink only wri
 Choosing the file is the part that must never crash a user's script: a second run with the
 same ``record=`` path gets a new numbered name and a warning (unless ``overwrite=True``), a
 missing folder is created, and an unwritable one is a :class:`GradScopeError` naming the
-path. Under torch.distributed each rank writes its own file (``x.rank0.gsrec``,
-``x.rank1.gsrec``, ...), and every rank takes the name rank 0 chose.
+path. Under torch.distributed, when every rank watches, each rank writes its own file
+(``x.rank0.gsrec``, ``x.rank1.gsrec``, ...).
 """
 
 from __future__ import annotations
@@ -55,11 +55,17 @@ def _taken(path: Path) -> bool:
     return path.exists()
 
 
-def choose_recording_path(path: str | os.PathLike[str], *, overwrite: bool) -> Path:
+def choose_recording_path(
+    path: str | os.PathLike[str], *, overwrite: bool, per_rank: bool = True
+) -> Path:
     """The file this process records to: ``path`` (per rank under torch.distributed), or the
-    first free numbered name next to it when it exists and ``overwrite`` is off."""
+    first free numbered name next to it when it exists and ``overwrite`` is off.
+
+    No collective is run (a watch made on one rank only must not wait for the others):
+    each rank looks at its own file, so ranks that ran together before pick the same
+    number."""
     base = Path(path).expanduser()
-    rank, world = _distributed_rank()
+    rank, world = _distributed_rank() if per_rank else (0, 1)
     try:
         base.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -72,23 +78,18 @@ def choose_recording_path(path: str | os.PathLike[str], *, overwrite: bool) -> P
             f"cannot write a recording at {base}: the folder {base.parent} is not writable"
         )
 
-    def files(number: int) -> list[Path]:
+    def mine(number: int) -> Path:
         chosen = _numbered(base, number)
-        return [rank_path(chosen, r) for r in range(world)] if world > 1 else [chosen]
+        return rank_path(chosen, rank) if world > 1 else chosen
 
     number = 0
     if not overwrite:
-        while any(_taken(candidate) for candidate in files(number)):
+        while _taken(mine(number)):
             number += 1
-    if world > 1:
-        # Every rank records under the same run name: the one rank 0 chose.
-        choice = [number]
-        torch.distributed.broadcast_object_list(choice, src=0)
-        number = int(choice[0])
-    chosen = files(number)[rank if world > 1 else 0]
-    if number and rank == 0:
+    chosen = mine(number)
+    if number:
         warn_user(
-            f"gradscope: {files(0)[0]} already exists; recording to {chosen} instead "
+            f"gradscope: {mine(0)} already exists; recording to {chosen} instead "
             "(pass overwrite=True to replace it)"
         )
     return chosen
@@ -121,7 +122,10 @@ class RecordingSink:
     ) -> None:
         model = watch.model
         first = next(iter(model.parameters()), None)
-        rank, world = _distributed_rank()
+        # One file per rank when every rank watches; a watch on one rank only (a callback
+        # on the global rank 0) writes the plain name.
+        per_rank = watch.on_every_rank
+        rank, world = _distributed_rank() if per_rank else (0, 1)
         info = {
             "source": (settings or {}).get("source") or _default_source(model),
             "device": str(first.device) if first is not None else "cpu",
@@ -130,7 +134,7 @@ class RecordingSink:
         if world > 1:
             info.update(rank=str(rank), world_size=str(world))
         self.writer = RecordingWriter(
-            choose_recording_path(path, overwrite=overwrite),
+            choose_recording_path(path, overwrite=overwrite, per_rank=per_rank),
             build_module_tree(model),
             settings,
             overwrite=overwrite,

@@ -304,7 +304,10 @@ class RecordingWriter:
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Commit everything queued so far; returns when it is on disk (or on timeout)."""
-        if self._closed or not self._thread.is_alive():
+        if self._closed:
+            return
+        if not self._thread.is_alive():  # it stopped: say why, if it failed
+            self._raise_failure()
             return
         done = threading.Event()
         self._pending.append(done)

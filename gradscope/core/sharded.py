@@ -1,0 +1,174 @@
+"""Whole-model statistics under torch.distributed, with the fewest collectives.
+
+Under DDP every rank holds the whole, already all-reduced gradient: its statistics need no
+collective. Under FSDP2 (``torch.distributed.fsdp.fully_shard``) parameters and gradients
+are DTensors and each rank holds a shard: the whole tensor's sum of squares is the sum of
+the shards', its max |g| the maximum of theirs. Gathering whole tensors (``full_tensor()``)
+would move the model across the network at every step; instead each rank packs its local
+figures into one small vector and one ``all_gather`` per step brings every rank's vector,
+which each rank reduces locally (a sum for sums of squares, a maximum for max |g|).
+
+The same gather carries the per-rank facts: each rank's loss and whether its own batch or
+loss went non-finite, so every rank knows which rank broke first (under DDP, a NaN in one
+rank's batch reaches every rank's gradients through the all-reduce). Without torch.distributed,
+or with one process, nothing here runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from gradscope.core.user_warnings import warn_user
+
+# Slot kinds in the exchanged vector.
+SUM, MAX, KEEP = 0, 1, 2
+FACT_SLOTS = 3  # per rank: loss, loss given (0/1), batch non-finite (0/1)
+
+
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without distributed
+        return None
+    return DTensor
+
+
+_DTENSOR = _dtensor_type()
+
+
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """A DTensor (FSDP2 parameter or gradient): each rank holds a part."""
+    return _DTENSOR is not None and isinstance(tensor, _DTENSOR)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor; any other tensor as it is."""
+    return tensor.to_local() if is_sharded(tensor) else tensor
+
+
+def replicas(tensor: torch.Tensor) -> int:
+    """How many ranks hold the same part of a DTensor (its replicated mesh dimensions, as
+    in HSDP): a sum over every rank counts each part that many times."""
+    if not is_sharded(tensor):
+        return 1
+    from torch.distributed.tensor import Replicate
+
+    count = 1
+    for dim, placement in enumerate(tensor.placements):
+        if isinstance(placement, Replicate):
+            count *= tensor.device_mesh.size(dim)
+    return count
+
+
+@dataclass
+class RankFacts:
+    """Per rank (indexed by rank): the loss (NaN when not given), whether it was given, and
+    whether the rank's own batch or loss held NaN/Inf."""
+
+    loss: np.ndarray
+    loss_given: np.ndarray
+    batch_nonfinite: np.ndarray
+
+    @property
+    def broken(self) -> list[int]:
+        """Ranks whose own batch or loss went non-finite at this step."""
+        bad = self.batch_nonfinite | (self.loss_given & ~np.isfinite(self.loss))
+        return np.flatnonzero(bad).tolist()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "loss": [
+                float(v) if given else None
+                for v, given in zip(self.loss.tolist(), self.loss_given.tolist(), strict=True)
+            ],
+            "batch_nonfinite": self.batch_nonfinite.tolist(),
+            "broken": self.broken,
+        }
+
+
+JOIN_SECONDS = 30.0
+_watches_made = 0
+
+
+def _all_ranks_join(timeout: float) -> bool:
+    """Whether every rank makes this (n-th) watch, found through the process group's
+    key-value store, not a collective: a watch made on one rank only (a common logging
+    pattern) must not wait in a collective the others never join. Ranks make their watches
+    in the same order, so the n-th watch of each rank meets at the same key."""
+    global _watches_made
+    _watches_made += 1
+    try:
+        store = torch.distributed.distributed_c10d._get_default_store()
+    except Exception:  # no store to ask: trust that every rank makes it
+        return True
+    key = f"gradscope/watch/{_watches_made}"
+    world = torch.distributed.get_world_size()
+    deadline = time.monotonic() + timeout
+    arrived = store.add(key, 1)
+    while arrived < world and time.monotonic() < deadline:
+        time.sleep(0.01)
+        arrived = store.add(key, 0)
+    # One verdict for every rank: the first to decide sets it (a rank that gave up before a
+    # late one arrived makes that one give up too, rather than wait in a collective alone).
+    verdict = "joined" if arrived >= world else "alone"
+    return store.compare_set(f"{key}/verdict", "", verdict) == b"joined"
+
+
+class RankExchange:
+    """One ``all_gather`` per step of a small vector of local figures, reduced locally."""
+
+    def __init__(self) -> None:
+        self.rank = torch.distributed.get_rank()
+        self.world = torch.distributed.get_world_size()
+        self.backend = torch.distributed.get_backend()
+
+    @staticmethod
+    def current(*, verify: bool = True, timeout: float = JOIN_SECONDS) -> RankExchange | None:
+        """The exchange of this process's default group, or None outside torch.distributed,
+        with one process, or when the other ranks make no watch (see :func:`_all_ranks_join`)."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return None
+        if torch.distributed.get_world_size() < 2:
+            return None
+        if verify and not _all_ranks_join(timeout):
+            warn_user(
+                "gradscope.watch: the other ranks made no watch (a watch on one rank only, "
+                "e.g. under `if rank == 0`): no collective is run, so the per-rank facts are "
+                "off and sharded (FSDP) statistics cover this rank's shards only. Make the "
+                "watch on every rank for whole-model statistics, or pass collectives=False "
+                "to say it is made on one rank"
+            )
+            return None
+        return RankExchange()
+
+    def exchange(self, vector: torch.Tensor, kinds: torch.Tensor, facts: int) -> torch.Tensor:
+        """Every rank's ``vector`` gathered (one collective), then reduced by slot kind
+        (``kinds``, one per slot but the last ``facts``): SUM and MAX slots become the sum
+        and the maximum over ranks, KEEP slots keep this rank's value. The last ``facts``
+        slots (this rank's facts) are replaced by every rank's, in rank order. Returns the
+        reduced vector, on the same device, with no host synchronisation."""
+        length = vector.numel()
+        flat = torch.empty(self.world * length, dtype=vector.dtype, device=vector.device)
+        torch.distributed.all_gather_into_tensor(flat, vector)
+        gathered = flat.view(self.world, length)
+        body = length - facts
+        mine = vector[:body]
+        reduced = torch.where(
+            kinds == SUM,
+            gathered[:, :body].sum(dim=0),
+            torch.where(kinds == MAX, gathered[:, :body].amax(dim=0), mine),
+        )
+        if not facts:
+            return reduced
+        return torch.cat([reduced, gathered[:, body:].reshape(-1)])
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A sum over ranks, for the rare steps that need exact figures (NaN/Inf counts,
+        norms of tiny gradients)."""
+        torch.distributed.all_reduce(tensor)
+        return tensor

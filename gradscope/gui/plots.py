@@ -1170,8 +1170,14 @@ class PlotPanel(QWidget):
             self.flow.refresh(self._last_view)
 
     def clear(self) -> None:
+        """Forget the last model or recording: its curves and its zoom (a new one starts
+        fitted; an old zoom can leave its steps out of view, blank plots)."""
         self.gradient_norm.clear()
         self._last_view = None
+        self._fitted.clear()
+        self.follow_range = True
+        for plot in (self.gradient_norm, self.loss):
+            plot.item.enableAutoRange(axis="y")
 
     def auto_range(self) -> None:
         self.follow_range = True

@@ -369,7 +369,7 @@ class MainWindow(QMainWindow):
         self.run_thread.load(LoadRequest(source, merged, weights, defaults=APP_DEFAULTS))
 
     def run(self) -> None:
-        if self.state in ("empty", "loading", "running") or self.source is None:
+        if self.state in ("empty", "loading", "running", "recording") or self.source is None:
             return
         if self.state in ("stopped", "failed"):
             self.restart(run_after_load=True)
@@ -383,7 +383,8 @@ class MainWindow(QMainWindow):
             self._set_state("running")
 
     def step(self) -> None:
-        if self.state in ("empty", "loading", "running", "stopped", "failed"):
+        if self.state in ("empty", "loading", "running", "stopped", "failed", "recording") \
+                or self.loaded is None:
             return
         if self.run_thread.run(1):
             self.selected_step = None
@@ -496,6 +497,7 @@ class MainWindow(QMainWindow):
             self.run_thread.stop()
         self.source = None
         self.loaded = None
+        self.debugger.rewind_steps, self.debugger.snapshot_bytes = [], 0
         self.history = history
         self._rate.clear()
         self._origin_shown = False
@@ -556,6 +558,8 @@ class MainWindow(QMainWindow):
     def _on_worker_run_paused(self, payload: RunPaused) -> None:
         self.run_thread.mark_idle()
         if self.loaded is None:
+            if self.state == "running":  # a live run's end, after a recording was opened
+                self._set_state("recording" if self.recordings.reader else "empty")
             return
         if self.state == "loading":
             # A run stopped because another model is being opened: that load decides.
@@ -826,9 +830,10 @@ class MainWindow(QMainWindow):
         self.run_action.setText(
             "&Continue" if state in ("paused", "halted", "before_apply") else "&Run")
         self.pause_action.setEnabled(state == "running")
-        self.step_action.setEnabled(state in ("ready", "paused", "halted", "done", "before_apply"))
-        self.stop_action.setEnabled(state in ("running", "paused", "halted", "done",
-                                              "before_apply"))
+        self.step_action.setEnabled(
+            has_model and state in ("ready", "paused", "halted", "done", "before_apply"))
+        self.stop_action.setEnabled(has_model and state in ("running", "paused", "halted",
+                                                            "done", "before_apply"))
         self.restart_action.setEnabled(has_model and state != "loading")
         self.export_png_action.setEnabled(self.history.count > 0 or state != "empty")
         self.export_csv_action.setEnabled(True)

@@ -173,6 +173,8 @@ class RecordingController(QObject):
         """Show a recording in the window; follow it while a writer is still at it."""
         from gradscope.core.recording import RecordingReader
 
+        if self.writer is not None and Path(path).resolve() == self.writer.path.resolve():
+            self.close_writer()  # the run it records: everything written before it is read
         try:
             reader = RecordingReader(path)
             tree, history = reader.load(max_rows=FIRST_VIEW_ROWS)

@@ -87,7 +87,15 @@ class StepDebugger(QObject):
         if window.state == "before_apply" and window.run_thread.apply_pending():
             window._set_state("running")
 
+    def _live(self) -> bool:
+        """A model is loaded and shown (not a recording): Apply and Rewind act on it."""
+        window = self.window
+        return window.loaded is not None and window.state not in ("recording", "loading",
+                                                                  "empty")
+
     def ask_rewind(self) -> None:
+        if not self._live():
+            return
         if not self.rewind_steps:
             self.window.statusBar().showMessage(
                 "Nothing to rewind to: set Rewind depth in Run settings (it keeps that many "
@@ -101,7 +109,7 @@ class StepDebugger(QObject):
             self.rewind(int(choice.rsplit(" ", 1)[-1]))
 
     def rewind(self, step: int) -> bool:
-        if self.window.state == "running":
+        if self.window.state == "running" or not self._live():
             return False
         if self.window.run_thread.rewind(step):
             self.window._set_state("running")
@@ -110,12 +118,12 @@ class StepDebugger(QObject):
 
     def update_actions(self) -> None:
         state = self.window.state
-        self.apply_action.setEnabled(state == "before_apply")
-        self.rewind_action.setEnabled(
-            bool(self.rewind_steps) and state not in ("running", "loading", "empty"))
+        live = self._live()
+        self.apply_action.setEnabled(live and state == "before_apply")
+        self.rewind_action.setEnabled(live and bool(self.rewind_steps) and state != "running")
         self.memory_label.setText(
             f"rewind: {len(self.rewind_steps)} step(s), {_megabytes(self.snapshot_bytes)}"
-            if self.rewind_steps else "")
+            if self.rewind_steps and live else "")
 
     # -- events ------------------------------------------------------------------------
     def _on_pause_before_apply_toggled(self, checked: bool) -> None:

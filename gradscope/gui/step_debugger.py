@@ -184,6 +184,12 @@ class StepDebugger(QObject):
     def _on_timeline_event_selected(self, cursor: TraceCursor) -> None:
         event = cursor.event
         window = self.window
+        if not cursor.walked:
+            # A new traced step: the flow chart shows it complete until the user walks it.
+            if self.flow_override is not None:
+                self.flow_override = None
+                window._dirty = True
+            return
         if event.phase == BACKWARD:
             self.flow_override = gradients_until(self.trace_events, cursor.index)
             self.flow_title = f"Flow at step {event.step}, event {cursor.index + 1}"

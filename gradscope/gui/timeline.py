@@ -32,6 +32,8 @@ class TraceCursor:
 
     index: int
     event: TraceEvent
+    # The user moved it (a key, a click, a button); False when a new traced step placed it.
+    walked: bool = True
 
 
 class _TickStrip(QWidget):
@@ -89,6 +91,7 @@ class TraceTimeline(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.events: list[TraceEvent] = []
+        self._placing = False
         self.ticks = _TickStrip()
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setEnabled(False)
@@ -144,10 +147,14 @@ class TraceTimeline(QWidget):
         if start is None:
             start = next((i for i, e in enumerate(self.events) if e.phase == BACKWARD), 0)
         if self.events:
-            if self.slider.value() == start:
-                self._on_slider_value_changed(start)
-            else:
-                self.slider.setValue(start)
+            self._placing = True
+            try:
+                if self.slider.value() == start:
+                    self._on_slider_value_changed(start)
+                else:
+                    self.slider.setValue(start)
+            finally:
+                self._placing = False
         else:
             self.position_label.setText("No trace for this step")
             self.detail_label.setText("")
@@ -188,7 +195,7 @@ class TraceTimeline(QWidget):
             f"step {event.step} · event {index + 1}/{len(self.events)} · {event.phase} · {module}"
         )
         self.detail_label.setText(describe_event(event))
-        self.event_selected.emit(TraceCursor(index, event))
+        self.event_selected.emit(TraceCursor(index, event, walked=not self._placing))
 
 
 def describe_event(event: TraceEvent) -> str:

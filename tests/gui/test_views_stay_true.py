@@ -43,3 +43,33 @@ def test_a_recording_opened_after_a_live_run_offers_no_live_actions(qtbot, windo
     window.step()
     window.run()
     assert window.state == "recording" and window.history.count == 5
+
+
+def _flow_bars(window) -> int:
+    return len(window.plots.flow.bars.opts["y"])
+
+
+def test_trace_mode_keeps_the_complete_step_in_the_flow_chart(qtbot, window, scripts) -> None:
+    open_and_wait(qtbot, window, scripts["tiny"], trace=True)
+    run_and_wait(qtbot, window, window.run)
+    window._refresh()
+    assert window.debugger.timeline.events  # the step was traced
+    assert _flow_bars(window) == 2
+    assert window.plots.flow.widget.plotItem.titleLabel.text == "Gradient flow at step 4"
+    # Paused before the optimizer step: the complete gradients, exactly when wanted.
+    window.debugger.pause_before_apply_action.setChecked(True)
+    paused = run_and_wait(qtbot, window, window.step)
+    assert paused.reason == "before_apply"
+    window._refresh()
+    assert _flow_bars(window) == 2
+    # Walking the trace shows the gradients as far as the walk got...
+    timeline = window.debugger.timeline
+    timeline.next()
+    window._refresh()
+    assert "event" in window.plots.flow.widget.plotItem.titleLabel.text
+    assert _flow_bars(window) == 1
+    # ...and the next step shows its complete flow again.
+    run_and_wait(qtbot, window, window.debugger.apply_action.trigger)
+    run_and_wait(qtbot, window, window.step)
+    window._refresh()
+    assert _flow_bars(window) == 2

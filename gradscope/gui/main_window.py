@@ -497,13 +497,14 @@ class MainWindow(QMainWindow):
             self.run_thread.stop()
         self.source = None
         self.loaded = None
-        self.debugger.rewind_steps, self.debugger.snapshot_bytes = [], 0
         self.history = history
         self._rate.clear()
         self._origin_shown = False
         self.selected_step = None
         self._show_tree(tree, list(history.layer_names))
+        self.debugger.show_recording(history.first_nonfinite)
         self.settings_panel.set_settings(settings, running=settings)
+        self.settings_panel.set_read_only(True)
         self.setWindowTitle(f"GradScope — {display_name}")
         self.model_label.setText(display_name)
         self.device_label.setText("device: -")
@@ -521,6 +522,7 @@ class MainWindow(QMainWindow):
         self.selected_step = None
         self._show_tree(payload.tree, [layer.name for layer in payload.layers])
         self._loaded_settings = payload.settings
+        self.settings_panel.set_read_only(False)
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
         self.settings_panel.set_layers(payload.settings.layers)
         self.setWindowTitle(f"GradScope — {payload.display_name}")

@@ -168,12 +168,19 @@ class SettingsPanel(QScrollArea):
             form.addRow("", self.trace)
         if self.rewind_depth is not None:
             form.addRow("Rewind depth", self.rewind_depth)
+        self.read_only_note = QLabel("The settings of the recorded run (read-only).")
+        self.read_only_note.setWordWrap(True)
+        self.read_only_note.setStyleSheet("color: #444; font-weight: bold;")
+        self.read_only_note.hide()
+        outer.insertWidget(0, self.read_only_note)
+        self.read_only = False
         note = QLabel(
             "Changes apply from the next step, also while paused. "
             "⟳ marks settings that take effect at the next restart (Run ▸ Restart).")
         note.setWordWrap(True)
         note.setStyleSheet("color: #666;")
         outer.addWidget(note)
+        self.edit_note = note
         self.restart_note = QLabel("")
         self.restart_note.setWordWrap(True)
         self.restart_note.setStyleSheet("color: #a05a00;")
@@ -277,6 +284,29 @@ class SettingsPanel(QScrollArea):
             update_ratio=self.update_ratio.isChecked(),
         )
 
+    def set_read_only(self, read_only: bool) -> None:
+        """Show a recorded run's settings: visible, selectable, not editable."""
+        self.read_only = read_only
+        for edit in (self.lr, self.momentum, self.weight_decay, self.loss_scale, self.clip,
+                     self.explode_threshold, self.vanish_threshold, *self._spins()):
+            edit.setReadOnly(read_only)
+        for widget in (self.device, self.optimizer, self.clip_enabled, self.pause_at_nonfinite,
+                       self.update_ratio, self.trace):
+            if widget is not None:
+                widget.setEnabled(not read_only)
+        if not read_only:
+            self.clip.setEnabled(self.clip_enabled.isChecked())
+        self.read_only_note.setVisible(read_only)
+        self.edit_note.setVisible(not read_only)
+        if read_only:
+            self.restart_note.setText("")
+
+    def _spins(self) -> list[QSpinBox]:
+        spins = [self.steps, self.batch_size, self.seed, self.image_size]
+        if self.rewind_depth is not None:
+            spins.append(self.rewind_depth)
+        return spins
+
     def set_layers(self, layers: list[str] | None) -> None:
         self._base = dataclasses.replace(self._base, layers=layers)
 
@@ -302,7 +332,7 @@ class SettingsPanel(QScrollArea):
             self._on_widget_edited()
 
     def _on_widget_edited(self) -> None:
-        if self._loading:
+        if self._loading or self.read_only:
             return
         try:
             settings = self.settings().validated()

@@ -125,6 +125,16 @@ class StepDebugger(QObject):
             f"rewind: {len(self.rewind_steps)} step(s), {_megabytes(self.snapshot_bytes)}"
             if self.rewind_steps and live else "")
 
+    def show_recording(self, origin: Any) -> None:
+        """A recording replaced the live model: no trace, no rewind, its own origin."""
+        self.trace_events = []
+        self.timeline.set_events([])
+        self.flow_override = None
+        self.rewind_steps, self.snapshot_bytes = [], 0
+        self.diagnosis.show_origin(origin)
+        self._origin_shown = origin
+        self.update_actions()
+
     # -- events ------------------------------------------------------------------------
     def _on_pause_before_apply_toggled(self, checked: bool) -> None:
         self.window.run_thread.worker.pause_before_apply = checked

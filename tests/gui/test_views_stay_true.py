@@ -73,3 +73,27 @@ def test_trace_mode_keeps_the_complete_step_in_the_flow_chart(qtbot, window, scr
     run_and_wait(qtbot, window, window.step)
     window._refresh()
     assert _flow_bars(window) == 2
+
+
+def test_a_recording_shows_its_origin_and_its_own_settings_read_only(
+    qtbot, window, scripts
+) -> None:
+    open_and_wait(qtbot, window, scripts["tiny"])
+    open_and_wait(qtbot, window, scripts["nan"])
+    run_and_wait(qtbot, window, window.run)
+    path = window.recordings.writer.path
+    # Another model is open with other settings when the recording is opened.
+    open_and_wait(qtbot, window, scripts["tiny"], lr=0.5)
+    assert window.recordings.open_recording(path)
+    origin = window.history.first_nonfinite
+    assert origin is not None
+    pane = window.debugger.diagnosis
+    assert pane.origin is origin and "No NaN/Inf" not in pane.summary.text()
+    panel = window.settings_panel
+    assert panel.lr.value() == 0.1 and panel.steps.value() == 20  # the run's, not the model's
+    assert panel.read_only
+    assert panel.lr.isReadOnly() and panel.steps.isReadOnly()
+    assert not panel.optimizer.isEnabled() and not panel.clip_enabled.isEnabled()
+    open_and_wait(qtbot, window, scripts["tiny"])
+    assert not panel.read_only and not panel.lr.isReadOnly() and panel.optimizer.isEnabled()
+    assert window.debugger.diagnosis.origin is None

@@ -122,6 +122,8 @@ class MainWindow(QMainWindow):
         self._origin_shown = False
         self._run_after_load = False
         self._loaded_settings: RunSettings | None = None
+        # What was shown before a load started: restored if the load fails.
+        self._before_load: tuple[str | None, str | None, str, str] | None = None
         self._rate: deque[tuple[float, int]] = deque(maxlen=64)
         self._syncing_tree = False
         self._colors: dict[str, Any] = {}
@@ -358,7 +360,11 @@ class MainWindow(QMainWindow):
     # -- public commands -----------------------------------------------------------------
     def open_model(self, source: str, overrides: dict[str, Any] | None = None,
                    weights: str | None = None, *, run_after_load: bool = False) -> None:
-        """Load ``source`` (a .py path or torchvision name) in the run thread."""
+        """Load ``source`` (a .py path or torchvision name) in the run thread. The model
+        loaded now stays until the new one has loaded (a failed open keeps it)."""
+        if self._before_load is None:
+            self._before_load = (self.source, self.weights, self.state,
+                                 self.model_label.text())
         self.source = source
         self.weights = weights
         merged = dict(self._persisted_overrides(source)) if self.persist else {}
@@ -515,6 +521,7 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_worker_model_loaded(self, payload: ModelLoaded) -> None:
         self.run_thread.mark_idle()
+        self._before_load = None
         self.loaded = payload
         self.history = RunHistory()
         self._rate.clear()
@@ -586,8 +593,15 @@ class MainWindow(QMainWindow):
         if payload.stage == "load":
             self.run_thread.mark_idle()
             self._run_after_load = False
-            self.loaded = None
-            self._set_state("failed")
+            before, self._before_load = self._before_load, None
+            if self.loaded is not None and before is not None:
+                # The model loaded before stays, with its name and its run.
+                self.source, self.weights, state, label = before
+                self.model_label.setText(label)
+                self._set_state("paused" if state in ("running", "loading") else state)
+            else:
+                self.loaded = None
+                self._set_state("failed")
         title = {"load": "The model could not be loaded", "step": "The step failed",
                  "settings": "The settings could not be applied"}.get(payload.stage, "Error")
         if self.error_dialog is not None:

@@ -151,9 +151,8 @@ class RunWorker(QObject):
         from gradscope.core.loading import load_with_settings
         from gradscope.core.runner import StepRunner
 
-        self._close_runner()
-        with self._lock:
-            self._pending_settings = None
+        # The model loaded now stays usable until the new one has loaded: a failed open
+        # loses nothing.
         try:
             loaded, settings = load_with_settings(
                 request.source, request.overrides, weights=request.weights,
@@ -164,6 +163,9 @@ class RunWorker(QObject):
             message, details = describe_error(error)
             self.run_failed.emit(RunFailed("load", message, details))
             return
+        self._close_runner()
+        with self._lock:
+            self._pending_settings = None
         self.runner = runner
         layers = list(runner.watch.layers) if runner.watch is not None else []
         self.model_loaded.emit(

@@ -97,3 +97,26 @@ def test_a_recording_shows_its_origin_and_its_own_settings_read_only(
     open_and_wait(qtbot, window, scripts["tiny"])
     assert not panel.read_only and not panel.lr.isReadOnly() and panel.optimizer.isEnabled()
     assert window.debugger.diagnosis.origin is None
+
+
+def test_a_failed_open_leaves_the_previous_model_loaded_and_usable(
+    qtbot, window, scripts
+) -> None:
+    open_and_wait(qtbot, window, scripts["tiny"])
+    run_and_wait(qtbot, window, window.step)
+    title, state_before = window.windowTitle(), window.state
+    runner = window.run_thread.worker.runner
+    with qtbot.waitSignal(window.error_shown, timeout=30_000):
+        window.open_model(scripts["broken"])
+    window.error_dialog.close()
+    assert window.windowTitle() == title and "tiny_mlp" in title
+    assert window.source == scripts["tiny"]
+    assert "tiny_mlp" in window.model_label.text()
+    assert window.run_thread.worker.runner is runner  # not closed
+    assert window.state == state_before and window.history.count == 1
+    assert window.step_action.isEnabled() and window.run_action.isEnabled()
+    run_and_wait(qtbot, window, window.step)
+    assert window.history.count == 2
+    # Run continues the loaded model, it does not re-open the broken script.
+    paused = run_and_wait(qtbot, window, window.run)
+    assert paused.reason == "completed" and window.history.count == 5

@@ -17,7 +17,7 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPen
 from PySide6.QtWidgets import QGraphicsItem
 
 # Below the ViewBox (z -100 in its PlotItem), so the grid is under the data.
@@ -88,7 +88,16 @@ class LayerAxis(GridAxis):
     def __init__(self, orientation: str = "left") -> None:
         super().__init__(orientation)
         self.names: list[str] = []
-        self.setStyle(tickFont=QFont("", 8))
+        font = QFont()  # the application's family (an empty family name gives a serif)
+        font.setPointSize(8)
+        self.setStyle(tickFont=font)
+
+    def needed_width(self) -> int:
+        """Pixels the longest (elided) name needs, with the tick and its spacing."""
+        if not self.names:
+            return 0
+        metrics = QFontMetrics(self.style.get("tickFont") or QFont())
+        return max(metrics.horizontalAdvance(elide(name)) for name in self.names) + 14
 
     def tickValues(self, minVal: float, maxVal: float, size: float) -> list:
         if not self.names:

@@ -38,8 +38,14 @@ _DOTS_UP_TO = 40
 _GROUPED_ABOVE = 40
 _EDGE_LEGEND = "\x00edge"
 _LEFT_AXIS_WIDTH = 64
-_MISSING_COLOR = (236, 236, 236, 255)
+_MISSING_COLOR = (200, 200, 200, 255)
 _NONFINITE_RGBA = (214, 39, 40, 255)
+# An exact zero gradient is not a small one: white, outside the colour scale (its lowest
+# colour would read as "small but flowing").
+ZERO_RGBA = (255, 255, 255, 255)
+# The layer-name axis of the heatmap (and the gradient-norm plot's, kept as wide so that
+# their step axes line up) grows with the names, within these bounds.
+_MAX_LEFT_AXIS_WIDTH = 170
 _VIRIDIS = pg.colormap.get("viridis")
 _VIRIDIS_LUT = _VIRIDIS.getLookupTable(0.0, 1.0, 256, alpha=True)
 
@@ -107,13 +113,13 @@ def _finite_log_range(matrix: np.ndarray, low_high: tuple[float, float]) -> tupl
 
 
 def _colorize(matrix: np.ndarray, low: float, high: float) -> np.ndarray:
-    """RGBA of heatmap cells: viridis over log10 in [low, high], the lowest colour for 0,
-    light grey for MISSING, red for NaN/Inf."""
+    """RGBA of heatmap cells: viridis over log10 in [low, high], white for 0, grey for
+    MISSING, red for NaN/Inf."""
     lut = _VIRIDIS_LUT
     logged = log10_display(matrix)
     scaled = np.clip((np.nan_to_num(logged, nan=low) - low) / (high - low), 0, 1)
     rgba = lut[(scaled * 255).astype(np.intp)]
-    rgba[matrix == 0] = lut[0]
+    rgba[matrix == 0] = ZERO_RGBA
     rgba[matrix == MISSING] = _MISSING_COLOR
     rgba[~np.isfinite(matrix)] = _NONFINITE_RGBA
     return rgba
@@ -780,16 +786,16 @@ class HeatmapPlot(QWidget):
         self._colored_rows = 0
         self._shown = np.zeros((0, 0), dtype=np.float32)
         self._rgba = np.zeros((0, 0, 4), dtype=np.uint8)
-        self.widget = _plot_widget("log10 gradient norm, layers × steps (red: NaN/Inf)",
-                                   grid_x=False, grid_y=False)
+        self.axis = LayerAxis("left")
+        self.widget = _plot_widget(
+            "log10 ‖grad‖ (red: NaN/Inf, white: 0)",
+            grid_x=False, grid_y=False, left=self.axis)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.widget)
         self.item = self.widget.getPlotItem()
         self.item.setLabel("bottom", "step")
-        self.item.setLabel("left", "layer (forward order)")
-        self.item.getAxis("left").setStyle(showValues=False)
-        self.item.getAxis("left").setWidth(_LEFT_AXIS_WIDTH)
+        self.axis.setWidth(_LEFT_AXIS_WIDTH)
         self.item.vb.invertY(True)
         self.image = pg.ImageItem(axisOrder="col-major")
         self.item.addItem(self.image)
@@ -819,6 +825,10 @@ class HeatmapPlot(QWidget):
         history = view.history
         order = [name for name in view.order if history.has_layer(name)]
         self._order = order
+        if self.axis.names != order:
+            self.axis.names = order
+            self.axis.picture = None
+            self.axis.update()
         if not order or history.count == 0:
             self.image.clear()
             self._key = None
@@ -1121,10 +1131,19 @@ class PlotPanel(QWidget):
         self.loss.refresh(view)
         self.heatmap.refresh(view)
         self.flow.refresh(view)
+        self._fit_left_axes()
         # Settle the auto-ranges now: done in the paint, a range change asks for a second
         # paint of the plot (and of the plots linked to it).
         for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
             plot.item.vb.prepareForPaint()
+
+    def _fit_left_axes(self) -> None:
+        """The heatmap's layer names fit; the gradient-norm plot above keeps the same left
+        axis width, so that the two step axes line up."""
+        width = min(_MAX_LEFT_AXIS_WIDTH, max(_LEFT_AXIS_WIDTH, self.heatmap.axis.needed_width()))
+        for axis in (self.heatmap.axis, self.gradient_norm.item.getAxis("left")):
+            if axis.width() != width:
+                axis.setWidth(width)
 
     def _fit_shared_axes(self, view: PlotView) -> None:
         history = view.history

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -80,6 +80,17 @@ class NumberEdit(QLineEdit):
         if ok and value != self._value:
             self._value = value
             self.value_edited.emit()
+
+
+class _WheelOnlyWhenFocused(QObject):
+    """Spin boxes and combo boxes take the mouse wheel only once the user clicked into them:
+    scrolling the panel over them (to reach a field below) must not change values."""
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Wheel and not watched.hasFocus():
+            event.ignore()  # the scroll area behind scrolls instead
+            return True
+        return False
 
 
 class SettingsPanel(QScrollArea):
@@ -203,6 +214,10 @@ class SettingsPanel(QScrollArea):
         for box in (self.clip_enabled, self.pause_at_nonfinite, self.update_ratio):
             box.toggled.connect(self._on_widget_edited)
         self.clip_enabled.toggled.connect(self.clip.setEnabled)
+        self._wheel_filter = _WheelOnlyWhenFocused(self)
+        for widget in (*self._spins(), self.device, self.optimizer):
+            widget.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # not WheelFocus
+            widget.installEventFilter(self._wheel_filter)
         self._running_settings: RunSettings | None = None
         self._last_emitted: RunSettings | None = None
 

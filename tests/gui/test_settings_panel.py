@@ -68,3 +68,35 @@ def test_default_model_is_the_last_one_or_the_sample(tmp_path: Path) -> None:
     assert default_model(preferences) == str(script)
     script.unlink()  # a last model that has gone falls back to the sample
     assert default_model(preferences) == str(DEFAULT_SAMPLE)
+
+
+def _wheel(widget, steps: int) -> None:
+    from PySide6.QtCore import QPoint, QPointF, Qt
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication
+
+    center = QPointF(widget.width() / 2, widget.height() / 2)
+    event = QWheelEvent(center, QPointF(widget.mapToGlobal(center.toPoint())), QPoint(0, 0),
+                        QPoint(0, 120 * steps), Qt.MouseButton.NoButton,
+                        Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+    QApplication.sendEvent(widget, event)
+
+
+def test_the_wheel_changes_a_value_only_in_the_focused_field(qtbot) -> None:
+    panel = SettingsPanel(cuda=[])
+    qtbot.addWidget(panel)
+    panel.resize(360, 300)  # shorter than the form: the panel scrolls
+    panel.show()
+    panel.set_settings(RunSettings(image_size=224, optimizer="sgd"))
+    edited = []
+    panel.settings_edited.connect(edited.append)
+    # Scrolling over the panel passes over the fields: none of them changes.
+    for widget in (panel.image_size, panel.steps, panel.optimizer, panel.device):
+        _wheel(widget, -5)
+    assert panel.image_size.value() == 224 and panel.optimizer.currentText() == "sgd"
+    assert panel.device.currentText() == "auto" and not edited
+    # A field the user clicked into takes the wheel.
+    panel.image_size.setFocus()
+    qtbot.waitUntil(panel.image_size.hasFocus)
+    _wheel(panel.image_size, 2)
+    assert panel.image_size.value() == 226

@@ -367,8 +367,9 @@ class MainWindow(QMainWindow):
                                  self.model_label.text())
         self.source = source
         self.weights = weights
-        merged = dict(self._persisted_overrides(source)) if self.persist else {}
-        merged.update(overrides or {})
+        # The script's values and CONFIG win: what the user changed last time is offered in
+        # the settings panel, never applied silently (samples must reproduce their failure).
+        merged = dict(overrides or {})
         self._run_after_load = run_after_load
         self._set_state("loading")
         self.model_label.setText(Path(source).name if source.endswith(".py") else source)
@@ -532,6 +533,8 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_read_only(False)
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
         self.settings_panel.set_layers(payload.settings.layers)
+        last = self._persisted_overrides(payload.source) if self.persist else {}
+        self.settings_panel.set_script_defaults(payload.script_settings, last)
         self.setWindowTitle(f"GradScope — {payload.display_name}")
         self.model_label.setText(payload.display_name)
         self.device_label.setText(f"device: {payload.device}")
@@ -912,13 +915,14 @@ class MainWindow(QMainWindow):
         return data
 
     def _persist_overrides(self, source: str, settings: RunSettings) -> None:
-        """Remember the settings the user changed for this model (on top of its CONFIG)."""
-        base = self._loaded_settings
-        assert base is not None
-        stored = self._persisted_overrides(source)
-        for name in SETTING_NAMES:
-            if name != "layers" and getattr(settings, name) != getattr(base, name):
-                stored[name] = getattr(settings, name)
+        """Remember the settings the user changed for this model (against its script's
+        values), to offer them the next time it is opened."""
+        loaded = self.loaded
+        base = loaded.script_settings if loaded is not None else None
+        if base is None:
+            return
+        stored = {name: getattr(settings, name) for name in SETTING_NAMES
+                  if name != "layers" and getattr(settings, name) != getattr(base, name)}
         self.preferences.setValue(self._overrides_key(source), json.dumps(stored))
 
     def restore_geometry(self) -> bool:

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QPushButton,
     QScrollArea,
     QSpinBox,
     QVBoxLayout,
@@ -80,6 +81,14 @@ class NumberEdit(QLineEdit):
         if ok and value != self._value:
             self._value = value
             self.value_edited.emit()
+
+
+def _describe(values: dict[str, object]) -> str:
+    return ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in values.items())
+
+
+def _describe_names(names: set[str], order: dict[str, object]) -> str:
+    return ", ".join(name.replace("_", " ") for name in order if name in names)
 
 
 class _WheelOnlyWhenFocused(QObject):
@@ -185,6 +194,43 @@ class SettingsPanel(QScrollArea):
         self.read_only_note.hide()
         outer.insertWidget(0, self.read_only_note)
         self.read_only = False
+        self.form = form
+        # Each setting's widget, for the marks of values that differ from the script's.
+        self._fields: dict[str, QWidget] = {
+            "device": self.device, "steps": self.steps, "batch_size": self.batch_size,
+            "optimizer": self.optimizer, "lr": self.lr, "momentum": self.momentum,
+            "weight_decay": self.weight_decay, "loss_scale": self.loss_scale,
+            "clip": clip_row, "seed": self.seed, "image_size": self.image_size,
+            "explode_threshold": self.explode_threshold,
+            "vanish_threshold": self.vanish_threshold, "keep_going": self.pause_at_nonfinite,
+            "update_ratio": self.update_ratio,
+        }
+        if self.trace is not None:
+            self._fields["trace"] = self.trace
+        if self.rewind_depth is not None:
+            self._fields["rewind_depth"] = self.rewind_depth
+        self._tooltips = {name: widget.toolTip() for name, widget in self._fields.items()}
+        self._script: RunSettings | None = None
+        buttons = QHBoxLayout()
+        self.reset_button = QPushButton("Reset to script defaults")
+        self.reset_button.setToolTip("Back to the values of the script's CONFIG (and the "
+                                     "app's defaults under it)")
+        self.reset_button.setEnabled(False)
+        self.reset_button.clicked.connect(self.reset_to_script)
+        buttons.addWidget(self.reset_button)
+        buttons.addStretch(1)
+        outer.addLayout(buttons)
+        self.overrides_note = QLabel("")
+        self.overrides_note.setWordWrap(True)
+        self.overrides_note.setStyleSheet("color: #1f5fb4;")
+        outer.addWidget(self.overrides_note)
+        self.last_overrides_button = QPushButton("")
+        self.last_overrides_button.setToolTip(
+            "Apply the values you changed the last time you used this model")
+        self.last_overrides_button.hide()
+        self.last_overrides_button.clicked.connect(self._on_last_overrides_button_clicked)
+        self._last_overrides: dict[str, object] = {}
+        outer.addWidget(self.last_overrides_button)
         note = QLabel(
             "Changes apply from the next step, also while paused. "
             "⟳ marks settings that take effect at the next restart (Run ▸ Restart).")
@@ -269,6 +315,7 @@ class SettingsPanel(QScrollArea):
             if running is not None:
                 self._running_settings = running
             self._update_restart_note()
+            self._update_override_marks()
         finally:
             self._loading = False
 
@@ -298,6 +345,71 @@ class SettingsPanel(QScrollArea):
             keep_going=not self.pause_at_nonfinite.isChecked(),
             update_ratio=self.update_ratio.isChecked(),
         )
+
+    # -- the script's values and the user's overrides ------------------------------------
+    def set_script_defaults(self, script: RunSettings | None,
+                            last_overrides: dict[str, object] | None = None) -> None:
+        """The script's own values (its CONFIG over the app's defaults): values that differ
+        are marked as the user's. ``last_overrides``: what the user changed the last time
+        this model was used, offered (never applied by itself)."""
+        self._script = script
+        self._last_overrides = {}
+        if script is not None and last_overrides:
+            current = self.settings()
+            self._last_overrides = {name: value for name, value in last_overrides.items()
+                                    if getattr(current, name, value) != value}
+        if self._last_overrides:
+            self.last_overrides_button.setText(
+                "Use my last changes: " + _describe(self._last_overrides))
+        self.last_overrides_button.setVisible(bool(self._last_overrides))
+        self._update_override_marks()
+
+    def overridden(self) -> list[str]:
+        """The settings whose value is not the script's, in the panel's order."""
+        script = self._script
+        if script is None:
+            return []
+        current = self.settings()
+        return [name for name in self._fields if getattr(current, name) != getattr(script, name)]
+
+    def reset_to_script(self) -> None:
+        if self._script is None or self.read_only:
+            return
+        self.set_settings(dataclasses.replace(self._script, layers=self._base.layers))
+        self._on_widget_edited()
+
+    def _on_last_overrides_button_clicked(self) -> None:
+        overrides, self._last_overrides = self._last_overrides, {}
+        self.last_overrides_button.hide()
+        try:
+            settings = dataclasses.replace(self.settings(), **overrides).validated()
+        except Exception:  # stale stored values: nothing to apply
+            return
+        self.set_settings(settings)
+        self._on_widget_edited()
+
+    def _update_override_marks(self) -> None:
+        changed = set(self.overridden())
+        script = self._script
+        for name, widget in self._fields.items():
+            label = self.form.labelForField(widget)
+            mark = name in changed
+            style = "font-weight: bold; color: #1f5fb4;" if mark else ""
+            if label is not None:
+                label.setStyleSheet(style)
+            elif isinstance(widget, QCheckBox):
+                widget.setStyleSheet(style)
+            tip = self._tooltips.get(name, "")
+            if mark and script is not None:
+                value = getattr(script, name)
+                if name == "keep_going":
+                    value = "off" if value else "on"
+                tip = (tip + "\n" if tip else "") + f"changed by you; the script's value: {value}"
+            widget.setToolTip(tip)
+        self.reset_button.setEnabled(bool(changed) and not self.read_only)
+        self.overrides_note.setText(
+            f"Changed from the script (blue): {_describe_names(changed, self._fields)}"
+            if changed else "")
 
     def set_read_only(self, read_only: bool) -> None:
         """Show a recorded run's settings: visible, selectable, not editable."""
@@ -355,6 +467,7 @@ class SettingsPanel(QScrollArea):
             return
         self._base = settings
         self._update_restart_note()
+        self._update_override_marks()
         if settings != self._last_emitted:
             self._last_emitted = settings
             self.settings_edited.emit(settings)

@@ -46,6 +46,9 @@ class ModelLoaded:
     settings: Any  # RunSettings as the engine took them
     device: str
     notes: list[str] = field(default_factory=list)
+    # The settings the script alone gives (the app's defaults under its CONFIG, no user
+    # override): what "Reset to script defaults" goes back to.
+    script_settings: Any = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,19 @@ def describe_error(error: BaseException) -> tuple[str, list[str]]:
     return message, [line.rstrip("\n") for line in "".join(lines).splitlines()[-12:]]
 
 
+def _script_settings(loaded: Any, defaults: dict[str, Any], fallback: Any) -> Any:
+    """The run settings of ``loaded`` without the user's overrides (see ModelLoaded)."""
+    from gradscope.core.settings import settings_from_config
+
+    try:
+        settings = settings_from_config(loaded.config, settings_from_config(defaults or {}))
+    except Exception:  # the load itself succeeded with these; never fail on the marks
+        return fallback
+    if loaded.image_size is not None and loaded.image_size != settings.image_size:
+        settings = settings.replaced(image_size=loaded.image_size)
+    return settings
+
+
 class RunWorker(QObject):
     """Lives in the run thread. Slots run there; the flags and ``queue_settings`` are the
     only things the GUI thread calls directly."""
@@ -168,6 +184,7 @@ class RunWorker(QObject):
             self._pending_settings = None
         self.runner = runner
         layers = list(runner.watch.layers) if runner.watch is not None else []
+        script_settings = _script_settings(loaded, request.defaults, runner.settings)
         self.model_loaded.emit(
             ModelLoaded(
                 source=loaded.source,
@@ -177,6 +194,7 @@ class RunWorker(QObject):
                 settings=runner.settings,
                 device=str(runner.device),
                 notes=list(loaded.notes),
+                script_settings=script_settings,
             )
         )
 

@@ -100,3 +100,44 @@ def test_the_wheel_changes_a_value_only_in_the_focused_field(qtbot) -> None:
     qtbot.waitUntil(panel.image_size.hasFocus)
     _wheel(panel.image_size, 2)
     assert panel.image_size.value() == 226
+
+
+def test_script_values_win_on_load_and_overrides_are_marked(qtbot, preferences, scripts) -> None:
+    from gui_helpers import open_and_wait, run_and_wait
+
+    from gradscope.gui.app import configure_plots
+    from gradscope.gui.main_window import MainWindow
+
+    configure_plots()
+    first = MainWindow(preferences)
+    qtbot.addWidget(first)
+    open_and_wait(qtbot, first, scripts["nan"])  # CONFIG: lr 0.1, 20 steps, batch 16
+    panel = first.settings_panel
+    assert panel.overridden() == []
+    assert not panel.reset_button.isEnabled()
+    panel.lr.setText("0.001")
+    panel.lr.editingFinished.emit()
+    assert panel.overridden() == ["lr"]
+    assert panel.reset_button.isEnabled()
+    assert "0.1" in panel.lr.toolTip()  # the script's value is shown
+    first.close()
+
+    # Next launch: the script's lr, not the one the user tried last time.
+    window = MainWindow(preferences)
+    qtbot.addWidget(window)
+    open_and_wait(qtbot, window, scripts["nan"])
+    assert window.run_thread.worker.runner.settings.lr == 0.1
+    panel = window.settings_panel
+    assert panel.lr.value() == 0.1 and panel.overridden() == []
+    assert "lr" in panel.last_overrides_button.text() and panel.last_overrides_button.isVisibleTo(panel)
+    # The user can take back last time's changes, marked as overrides...
+    panel.last_overrides_button.click()
+    assert panel.lr.value() == 0.001 and panel.overridden() == ["lr"]
+    run_and_wait(qtbot, window, window.step)
+    assert window.run_thread.worker.runner.settings.lr == 0.001
+    # ...and reset them to the script's values.
+    panel.reset_button.click()
+    assert panel.lr.value() == 0.1 and panel.overridden() == []
+    run_and_wait(qtbot, window, window.step)
+    assert window.run_thread.worker.runner.settings.lr == 0.1
+    window.close()

@@ -129,7 +129,8 @@ def test_script_values_win_on_load_and_overrides_are_marked(qtbot, preferences, 
     assert window.run_thread.worker.runner.settings.lr == 0.1
     panel = window.settings_panel
     assert panel.lr.value() == 0.1 and panel.overridden() == []
-    assert "lr" in panel.last_overrides_button.text() and panel.last_overrides_button.isVisibleTo(panel)
+    offer = panel.last_overrides_button
+    assert "lr" in offer.text() and offer.isVisibleTo(panel)
     # The user can take back last time's changes, marked as overrides...
     panel.last_overrides_button.click()
     assert panel.lr.value() == 0.001 and panel.overridden() == ["lr"]

@@ -32,9 +32,15 @@ def test_a_recording_opened_after_a_live_run_offers_no_live_actions(qtbot, windo
     path = window.recordings.writer.path
     assert window.recordings.open_recording(path)
     assert window.state == "recording" and window.history.count == 5
-    for action in (window.debugger.rewind_action, window.debugger.apply_action,
-                   window.run_action, window.step_action, window.pause_action,
-                   window.stop_action, window.restart_action):
+    for action in (
+        window.debugger.rewind_action,
+        window.debugger.apply_action,
+        window.run_action,
+        window.step_action,
+        window.pause_action,
+        window.stop_action,
+        window.restart_action,
+    ):
         assert not action.isEnabled(), action.text()
     # Asked anyway (a stale menu, a script): nothing happens to the recording's view.
     assert not window.debugger.rewind(2)
@@ -99,9 +105,7 @@ def test_a_recording_shows_its_origin_and_its_own_settings_read_only(
     assert window.debugger.diagnosis.origin is None
 
 
-def test_a_failed_open_leaves_the_previous_model_loaded_and_usable(
-    qtbot, window, scripts
-) -> None:
+def test_a_failed_open_leaves_the_previous_model_loaded_and_usable(qtbot, window, scripts) -> None:
     open_and_wait(qtbot, window, scripts["tiny"])
     run_and_wait(qtbot, window, window.step)
     title, state_before = window.windowTitle(), window.state

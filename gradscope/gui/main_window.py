@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
 from gradscope.core.settings import SETTING_NAMES, RunSettings
+from gradscope.gui import shortcuts
 from gradscope.gui.dialogs import ErrorDialog, TorchvisionDialog, show_about
 from gradscope.gui.events_panel import EventsPanel
 from gradscope.gui.garbage_collection import collect_on_gui_thread
@@ -160,6 +161,8 @@ class MainWindow(QMainWindow):
         self.debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
         self.recordings = RecordingController(self)
         self.recordings.install_menus(self.file_menu, self.view_menu)
+        # Application shortcuts work wherever the focus is (a text field's Ctrl+Z included).
+        self.shortcut_router = shortcuts.install(self)
         self._update_actions()
 
         # Single-shot, re-armed at each tick for when it is next needed (see the tick).
@@ -291,7 +294,9 @@ class MainWindow(QMainWindow):
                                               "Ctrl+0")
         self.expand_action = self._action("&Expand module tree", self.tree_view.expandAll)
         self.collapse_action = self._action("&Collapse module tree", self._collapse_tree)
-        self.about_action = self._action("&About GradScope", lambda: show_about(self), "F1")
+        self.about_action = self._action("&About GradScope", lambda: show_about(self))
+        self.shortcuts_action = self._action("&Keyboard shortcuts", self.show_shortcuts, "F1",
+                                             tip="Every keyboard shortcut of the window")
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
@@ -325,6 +330,7 @@ class MainWindow(QMainWindow):
         view_menu.addAction(self.expand_action)
         view_menu.addAction(self.collapse_action)
         help_menu = bar.addMenu("&Help")
+        help_menu.addAction(self.shortcuts_action)
         help_menu.addAction(self.about_action)
 
     def _build_toolbar(self) -> None:
@@ -414,6 +420,11 @@ class MainWindow(QMainWindow):
         overrides = settings.to_dict()
         overrides["layers"] = self.tree_model.watched_layers() if self.tree_model.tree else None
         self.open_model(self.source, overrides, self.weights, run_after_load=run_after_load)
+
+    def show_shortcuts(self) -> shortcuts.ShortcutsDialog:
+        dialog = shortcuts.ShortcutsDialog(self)
+        dialog.open()
+        return dialog
 
     def follow_latest(self) -> None:
         self.selected_step = None
@@ -940,6 +951,9 @@ class MainWindow(QMainWindow):
             self.preferences.setValue("window/state", self.saveState())
             self.preferences.sync()
         self.refresh_timer.stop()
+        app = QApplication.instance()
+        if app is not None:
+            app.removeEventFilter(self.shortcut_router)
         self.run_thread.shutdown()
         # after the run thread: no step can arrive for the recording any more
         self.recordings.close()

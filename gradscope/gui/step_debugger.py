@@ -60,6 +60,15 @@ class StepDebugger(QObject):
         self.rewind_action = window._action(
             "Re&wind…", self.ask_rewind, "Ctrl+Z", sp.SP_MediaSeekBackward,
             "Go back to before an earlier step and run again from there")
+        self.previous_event_action = window._action(
+            "Previous trace event", self.timeline.previous, "Left",
+            tip="Walk the traced step backwards")
+        self.next_event_action = window._action(
+            "Next trace event", self.timeline.next, "Right",
+            tip="Walk the traced step: forward pass, then backward")
+        self.first_nonfinite_event_action = window._action(
+            "First NaN/Inf trace event", self.timeline.jump_to_first_nonfinite, "F",
+            tip="Jump to the trace event where a NaN/Inf first appeared")
         self.memory_label = QLabel("")
         self.memory_label.setStyleSheet("padding: 0 8px;")
         window.statusBar().addPermanentWidget(self.memory_label)
@@ -79,6 +88,10 @@ class StepDebugger(QObject):
         run_menu.addAction(self.rewind_action)
         view_menu.addAction(self.trace_dock.toggleViewAction())
         view_menu.addAction(self.diagnosis_dock.toggleViewAction())
+        trace_menu = view_menu.addMenu("&Trace")
+        for action in (self.previous_event_action, self.next_event_action,
+                       self.first_nonfinite_event_action):
+            trace_menu.addAction(action)
         toolbar.insertAction(toolbar.actions()[-2], self.rewind_action)
 
     # -- commands ----------------------------------------------------------------------
@@ -119,6 +132,11 @@ class StepDebugger(QObject):
     def update_actions(self) -> None:
         state = self.window.state
         live = self._live()
+        traced = bool(self.timeline.events)
+        self.previous_event_action.setEnabled(traced)
+        self.next_event_action.setEnabled(traced)
+        self.first_nonfinite_event_action.setEnabled(
+            traced and self.timeline.first_nonfinite_button.isEnabled())
         self.apply_action.setEnabled(live and state == "before_apply")
         self.rewind_action.setEnabled(live and bool(self.rewind_steps) and state != "running")
         self.memory_label.setText(
@@ -157,6 +175,7 @@ class StepDebugger(QObject):
             self.timeline.set_events(self.trace_events)
             if not self.trace_dock.isVisible():
                 self.trace_dock.show()
+            self.update_actions()
 
     @Slot(object)
     def _on_window_run_paused(self, payload: RunPaused) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QKeySequence, QPainter, QPaintEvent, QPen, QShortcut
+from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -83,8 +83,7 @@ class _TickStrip(QWidget):
 
 
 class TraceTimeline(QWidget):
-    """Walk through a traced step. Keys: Left/Right (previous/next), Home/End, F (first
-    NaN/Inf)."""
+    """Walk through a traced step: Previous/Next, the slider (Home/End), first NaN/Inf."""
 
     event_selected = Signal(object)  # TraceCursor
 
@@ -121,15 +120,8 @@ class TraceTimeline(QWidget):
         self.previous_button.clicked.connect(self.previous)
         self.next_button.clicked.connect(self.next)
         self.first_nonfinite_button.clicked.connect(self.jump_to_first_nonfinite)
-        for key, slot in (
-            (Qt.Key.Key_Left, self.previous), (Qt.Key.Key_Right, self.next),
-            (Qt.Key.Key_Home, lambda: self.slider.setValue(0)),
-            (Qt.Key.Key_End, lambda: self.slider.setValue(self.slider.maximum())),
-            (Qt.Key.Key_F, self.jump_to_first_nonfinite),
-        ):
-            shortcut = QShortcut(QKeySequence(key), self)
-            shortcut.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-            shortcut.activated.connect(slot)
+        # Left/Right/F are the window's actions (see StepDebugger), so that they work wherever
+        # the focus is; Home/End are the slider's own keys.
         self._update_buttons()
 
     # -- public ------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from PySide6.QtWidgets import QWidget
 
 from gradscope.gui import pyside_compat
 
-
 CALLS = 10_000
 
 

@@ -76,6 +76,10 @@ from gradscope.gui.worker import (
 # The app's own defaults, under a script's CONFIG and what the user set: the update ratio on
 # and the last steps kept for Rewind (headless runs default both off, for speed and memory).
 APP_DEFAULTS = {"update_ratio": True, "rewind_depth": 5}
+# Torchvision models in the app without a GPU: an image size and batch that keep a step of a
+# big model in seconds, not minutes (the loader raises the size to what a model needs, e.g.
+# 224 for the vision transformers). Shown, and changeable, in Run settings.
+CPU_TORCHVISION_DEFAULTS = {"image_size": 64, "batch_size": 4}
 REFRESH_INTERVAL_MS = 33  # about 30 Hz: plots never redraw faster than this
 # At most this share of the GUI thread's time goes to redrawing (refresh and paint): a sixth
 # when idle; while a run goes on, less, because the GUI thread then takes the GIL from the
@@ -95,6 +99,8 @@ _STATE_TEXT = {
     "recording": ("Recording (read-only)", "#444"),
     "done": ("Finished", "#2c7a2c"),
     "stopped": ("Stopped", "#666"),
+    "pausing": ("Pausing after this step…", "#a05a00"),
+    "stopping": ("Stopping after this step…", "#666"),
     "failed": ("Error", "#c00000"),
 }
 
@@ -125,6 +131,7 @@ class MainWindow(QMainWindow):
         self._loaded_settings: RunSettings | None = None
         # What was shown before a load started: restored if the load fails.
         self._before_load: tuple[str | None, str | None, str, str] | None = None
+        self._cpu_defaults = False
         self._rate: deque[tuple[float, int]] = deque(maxlen=64)
         self._syncing_tree = False
         self._colors: dict[str, Any] = {}
@@ -357,8 +364,9 @@ class MainWindow(QMainWindow):
         self.step_label = QLabel("step: -")
         self.rate_label = QLabel("steps/s: -")
         self.loss_label = QLabel("loss: -")
-        for label in (self.state_label, self.device_label, self.step_label, self.rate_label,
-                      self.loss_label):
+        self.progress_label = QLabel("")
+        for label in (self.state_label, self.progress_label, self.device_label,
+                      self.step_label, self.rate_label, self.loss_label):
             label.setStyleSheet("padding: 0 8px;")
             bar.addPermanentWidget(label)
         self._set_state("empty")
@@ -377,9 +385,13 @@ class MainWindow(QMainWindow):
         # the settings panel, never applied silently (samples must reproduce their failure).
         merged = dict(overrides or {})
         self._run_after_load = run_after_load
+        defaults = dict(APP_DEFAULTS)
+        self._cpu_defaults = not source.endswith(".py") and not cuda_devices()
+        if self._cpu_defaults:
+            defaults.update(CPU_TORCHVISION_DEFAULTS)
         self._set_state("loading")
         self.model_label.setText(Path(source).name if source.endswith(".py") else source)
-        self.run_thread.load(LoadRequest(source, merged, weights, defaults=APP_DEFAULTS))
+        self.run_thread.load(LoadRequest(source, merged, weights, defaults=defaults))
 
     def run(self) -> None:
         if self.state in ("empty", "loading", "running", "recording") or self.source is None:
@@ -406,10 +418,12 @@ class MainWindow(QMainWindow):
     def pause(self) -> None:
         if self.state == "running":
             self.run_thread.pause()
+            self._show_ending("pausing")
 
     def stop(self) -> None:
         if self.state == "running":
             self.run_thread.stop()
+            self._show_ending("stopping")
         elif self.state in ("ready", "paused", "halted", "done"):
             self._set_state("stopped")
 
@@ -523,6 +537,7 @@ class MainWindow(QMainWindow):
         self.debugger.show_recording(history.first_nonfinite)
         self.settings_panel.set_settings(settings, running=settings)
         self.settings_panel.set_read_only(True)
+        self.settings_panel.set_notes([])
         self.setWindowTitle(f"GradScope — {display_name}")
         self.model_label.setText(display_name)
         self.device_label.setText("device: -")
@@ -546,6 +561,13 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_layers(payload.settings.layers)
         last = self._persisted_overrides(payload.source) if self.persist else {}
         self.settings_panel.set_script_defaults(payload.script_settings, last)
+        notes = list(payload.notes)
+        if self._cpu_defaults:
+            notes.insert(0, "No GPU here: torchvision models start with a CPU-friendly image "
+                            f"size ({CPU_TORCHVISION_DEFAULTS['image_size']}, or what the model "
+                            f"needs) and batch ({CPU_TORCHVISION_DEFAULTS['batch_size']}); "
+                            "raise them and Restart for the usual 224.")
+        self.settings_panel.set_notes(notes)
         self.setWindowTitle(f"GradScope — {payload.display_name}")
         self.model_label.setText(payload.display_name)
         self.device_label.setText(f"device: {payload.device}")
@@ -662,6 +684,8 @@ class MainWindow(QMainWindow):
 
     def _on_refresh_timer_timeout(self) -> None:
         try:
+            if self.state == "running":
+                self._show_step_progress()
             self._redraw_if_due()
         finally:
             self._arm_refresh_timer()
@@ -837,6 +861,24 @@ class MainWindow(QMainWindow):
             return None
         return (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
 
+    def _show_ending(self, how: str) -> None:
+        """At once, while the run ends after its current step (seconds on a big model):
+        "Pausing after this step…", and Pause and Stop cannot be pressed again."""
+        text, color = _STATE_TEXT[how]
+        self.state_label.setText(f"<b style='color:{color}'>{text}</b>")
+        self.pause_action.setEnabled(False)
+        if how == "stopping":
+            self.stop_action.setEnabled(False)
+        self._show_step_progress()
+
+    def _show_step_progress(self) -> None:
+        """Where a long step stands (forward/backward, by module), read from the worker."""
+        snapshot = self.run_thread.worker.progress.snapshot() \
+            if self.state == "running" else None
+        text = snapshot.describe() if snapshot is not None and snapshot.seconds >= 1 else ""
+        if self.progress_label.text() != text:
+            self.progress_label.setText(text)
+
     def _set_state(self, state: str) -> None:
         was_running = self.state == "running"
         self.state = state
@@ -846,6 +888,7 @@ class MainWindow(QMainWindow):
             self._schedule_next_refresh()
             if self._dirty and self._paint_cpu_from is None:
                 self._arm_refresh_timer()
+        self._show_step_progress()
         text, color = _STATE_TEXT[state]
         if state == "halted":
             color = STATUS_COLORS[3]
@@ -954,6 +997,9 @@ class MainWindow(QMainWindow):
         app = QApplication.instance()
         if app is not None:
             app.removeEventFilter(self.shortcut_router)
+        # The window goes at once; a long step going on is abandoned at its next module
+        # boundary (shutdown), not waited for.
+        self.hide()
         self.run_thread.shutdown()
         # after the run thread: no step can arrive for the recording any more
         self.recordings.close()

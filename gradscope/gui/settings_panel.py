@@ -188,6 +188,11 @@ class SettingsPanel(QScrollArea):
             form.addRow("", self.trace)
         if self.rewind_depth is not None:
             form.addRow("Rewind depth", self.rewind_depth)
+        self.model_notes = QLabel("")
+        self.model_notes.setWordWrap(True)
+        self.model_notes.setStyleSheet("color: #a05a00;")
+        self.model_notes.hide()
+        outer.insertWidget(0, self.model_notes)
         self.read_only_note = QLabel("The settings of the recorded run (read-only).")
         self.read_only_note.setWordWrap(True)
         self.read_only_note.setStyleSheet("color: #444; font-weight: bold;")
@@ -410,6 +415,12 @@ class SettingsPanel(QScrollArea):
         self.overrides_note.setText(
             f"Changed from the script (blue): {_describe_names(changed, self._fields)}"
             if changed else "")
+
+    def set_notes(self, notes: list[str]) -> None:
+        """What the loader or the app chose for this model (an image size it needs, CPU
+        defaults), shown above the settings."""
+        self.model_notes.setText("\n".join(notes))
+        self.model_notes.setVisible(bool(notes))
 
     def set_read_only(self, read_only: bool) -> None:
         """Show a recorded run's settings: visible, selectable, not editable."""

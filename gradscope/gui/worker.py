@@ -17,6 +17,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from gradscope.core.step_progress import StepAborted, StepProgress
+
 # Seconds between two batches of step results sent to the GUI while steps are fast. While a
 # fast run goes on the plots redraw about once a second (see MainWindow's refresh timer), and
 # each batch wakes the GUI thread, which then takes the GIL from this one.
@@ -150,6 +152,10 @@ class RunWorker(QObject):
         self.gui_idle = threading.Event()
         self.gui_idle.set()
         self._layer_layout: tuple[Any, tuple, tuple, tuple] = (None, (), (), ())
+        # Module-by-module progress of long steps (read by the GUI thread), and the way to
+        # abandon a step when the app quits.
+        self.progress = StepProgress()
+        self._last_step_seconds: float | None = None
 
     # -- called from the GUI thread ------------------------------------------------------
     def queue_settings(self, settings: Any) -> None:
@@ -160,6 +166,7 @@ class RunWorker(QObject):
     def clear_flags(self) -> None:
         self.stop_requested = False
         self.pause_requested = False
+        self.progress.abort_requested = False
 
     # -- slots, in the run thread ----------------------------------------------------------
     @Slot(object)
@@ -169,9 +176,14 @@ class RunWorker(QObject):
 
         # The model loaded now stays usable until the new one has loaded: a failed open
         # loses nothing.
+        overrides = dict(request.overrides)
+        if "image_size" in request.defaults and "image_size" not in overrides:
+            # The model is built for its input size: a default size must reach the loader
+            # (which raises it to what the model needs).
+            overrides["image_size"] = request.defaults["image_size"]
         try:
             loaded, settings = load_with_settings(
-                request.source, request.overrides, weights=request.weights,
+                request.source, overrides, weights=request.weights,
                 defaults=request.defaults,
             )
             runner = StepRunner(loaded, settings)
@@ -183,6 +195,7 @@ class RunWorker(QObject):
         with self._lock:
             self._pending_settings = None
         self.runner = runner
+        self._last_step_seconds = None
         layers = list(runner.watch.layers) if runner.watch is not None else []
         script_settings = _script_settings(loaded, request.defaults, runner.settings)
         self.model_loaded.emit(
@@ -239,17 +252,27 @@ class RunWorker(QObject):
                 break
             if not self.gui_idle.is_set():
                 self.gui_idle.wait(_GUI_WAIT_LIMIT)
+            progress = self.progress
+            progress.attach_if_useful(runner.model, self._last_step_seconds)
+            progress.begin(runner.step_index)
+            started = time.perf_counter()
             try:
                 if self.pause_before_apply:
                     result = runner.compute()
                 else:
                     result = runner.step()
+            except StepAborted:  # the app is quitting: the step is abandoned
+                reason = "stopped"
+                break
             except Exception as error:  # shown to the user, the app goes on
                 message, details = describe_error(error)
                 self._emit_records(pending)
                 self.run_failed.emit(RunFailed("step", message, details))
                 reason = "failed"
                 break
+            finally:
+                progress.end()
+            self._last_step_seconds = time.perf_counter() - started
             done += 1
             pending.append(self._record(result))
             now = time.perf_counter()
@@ -329,6 +352,7 @@ class RunWorker(QObject):
         return True
 
     def _close_runner(self) -> None:
+        self.progress.detach()
         if self.runner is not None:
             self.runner.close()
             self.runner = None
@@ -404,9 +428,12 @@ class RunThread(QObject):
         self.worker.queue_settings(settings)
 
     def shutdown(self) -> None:
+        """End the thread: a long step going on is abandoned at its next module boundary
+        (the model is not used again), so that quitting does not wait for it."""
         if not self.thread.isRunning():
             return
         self.worker.stop_requested = True
+        self.worker.progress.abort()
         self.thread.quit()
         self.thread.wait()
         self.worker.close()

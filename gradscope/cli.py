@@ -220,7 +220,7 @@ def report_command(argv: Sequence[str]) -> int:
     args = _report_parser().parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
     from gradscope.core.recording import RecordingReader, write_csv
-    from gradscope.core.report import build_report, summary_table, write_json
+    from gradscope.core.report import build_report, run_events, summary_table, write_json
     from gradscope.core.watch import STATUS_NONFINITE
 
     try:
@@ -238,6 +238,8 @@ def report_command(argv: Sequence[str]) -> int:
         if live:
             print("note: the recording is still being written", file=sys.stderr)
         print(summary_table(history))
+        for event in run_events(history):  # settings changes and rewinds
+            print(f"step {event['step']}: {event['message']}")
         origin = history.first_nonfinite
         if origin is not None:
             print(f"first non-finite value: {origin.describe()}")

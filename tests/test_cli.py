@@ -67,7 +67,8 @@ def test_summary_and_strict_json(capsys, write_script, tmp_path):
     layers = {layer["name"]: layer for layer in data["layers"]}
     assert layers["3"]["status"] == "nonfinite"
     assert layers["3"]["grad_norm"] == ["nan"]
-    assert set(data) == {"source", "device", "steps_run", "loss", "first_nonfinite", "layers"}
+    keys = {"source", "device", "steps_run", "loss", "first_nonfinite", "run_events", "layers"}
+    assert set(data) == keys
 
 
 def test_fail_on_nonfinite_exit_code(capsys, write_script):

@@ -30,7 +30,8 @@ _KIND_STATUS = {
     "vanishing": STATUS_VANISHING,
     "nonfinite": STATUS_NONFINITE,
 }
-_KIND_LABEL = {"nonfinite": "NaN/Inf", "origin": "NaN/Inf origin"}
+_KIND_LABEL = {"nonfinite": "NaN/Inf", "origin": "NaN/Inf origin",
+               "settings": "settings changed", "rewind": "rewound"}
 _LAYER_ROLE = Qt.ItemDataRole.UserRole + 1
 _STEP_ROLE = Qt.ItemDataRole.UserRole + 2
 

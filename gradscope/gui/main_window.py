@@ -41,7 +41,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
+from gradscope.core.history import MISSING, STATUS_MISSING, Event, RunHistory
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.gui import shortcuts
 from gradscope.gui.dialogs import ErrorDialog, TorchvisionDialog, show_about
@@ -61,6 +61,7 @@ from gradscope.gui.plots import PlotPanel, PlotView, layer_color
 from gradscope.gui.recordings import RecordingController
 from gradscope.gui.selection import Selection
 from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
+from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.status_style import STATUS_COLORS, format_value
 from gradscope.gui.step_debugger import StepDebugger
 from gradscope.gui.worker import (
@@ -129,6 +130,7 @@ class MainWindow(QMainWindow):
         self._origin_shown = False
         self._run_after_load = False
         self._loaded_settings: RunSettings | None = None
+        self.settings_trail = SettingsTrail(None)
         # What was shown before a load started: restored if the load fails.
         self._before_load: tuple[str | None, str | None, str, str] | None = None
         self._cpu_defaults = False
@@ -556,6 +558,7 @@ class MainWindow(QMainWindow):
         self.selected_step = None
         self._show_tree(payload.tree, [layer.name for layer in payload.layers])
         self._loaded_settings = payload.settings
+        self.settings_trail = SettingsTrail(payload.settings)
         self.settings_panel.set_read_only(False)
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
         self.settings_panel.set_layers(payload.settings.layers)
@@ -596,6 +599,11 @@ class MainWindow(QMainWindow):
                 [(r.result.step, r.result.loss, r.result.stats, r.result.origin)
                  for r in records],
                 first.layer_names, first.layer_types, first.layer_params)
+            for record in records:  # a what-if while paused shows in Events
+                change = self.settings_trail.note(int(record.result.step), record.settings)
+                if change is not None:
+                    self.history.events.append(
+                        Event(int(record.result.step), "settings", None, change))
         self._rate.append((time.perf_counter(), self.history.count))
         self._dirty = True
 

@@ -19,6 +19,7 @@ from gradscope.core.module_tree import ModuleTree
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.core.watch import LayerInfo
 from gradscope.gui.dialogs import ErrorDialog
+from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.worker import ModelLoaded, StepsFinished
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class RecordingController(QObject):
         self.writer: RecordingWriter | None = None
         self.reader: RecordingReader | None = None
         self._layers: tuple[tuple[str, ...], list[LayerInfo]] = ((), [])
+        self._settings_trail: SettingsTrail | None = None
 
         self.open_action = window._action(
             "Open &recording…", self._on_open_action_triggered, "Ctrl+Shift+R",
@@ -125,6 +127,7 @@ class RecordingController(QObject):
             self.window.statusBar().showMessage(f"not recording this run: {error}", 10000)
             self.writer = None
             return
+        self._settings_trail = SettingsTrail(payload.settings)
         self.label.setText(f"recording to {path.name}")
         self.label.setToolTip(str(path))
 
@@ -146,12 +149,19 @@ class RecordingController(QObject):
                 continue
             layers = self._layer_infos(record.layer_names, record.layer_types,
                                        record.layer_params)
-            writer.append(result.stats, layers, loss=result.loss, origin=result.origin)
+            # A settings change (a what-if while paused) is part of the record, at the first
+            # step that ran with it.
+            trail = self._settings_trail
+            change = trail.note(int(result.step), record.settings) if trail else None
+            writer.append(result.stats, layers, loss=result.loss, origin=result.origin,
+                          notes=[("settings", change)] if change else ())
 
     @Slot(int)
     def _on_debugger_rewound(self, step: int) -> None:
         if self.writer is not None:
             self.writer.rewind_to(step)
+            if self._settings_trail is not None:
+                self._settings_trail.rewind(step)
 
     def close_writer(self) -> None:
         if self.writer is not None:

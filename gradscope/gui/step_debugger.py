@@ -10,6 +10,7 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QInputDialog, QLabel, QStyle
 
+from gradscope.core.history import Event
 from gradscope.core.trace import BACKWARD, TraceEvent, gradients_until
 from gradscope.gui.diagnosis_pane import DiagnosisPane
 from gradscope.gui.timeline import TraceCursor, TraceTimeline
@@ -195,7 +196,23 @@ class StepDebugger(QObject):
     @Slot(object)
     def _on_worker_run_rewound(self, payload: RunRewound) -> None:
         window = self.window
+        abandoned = window.history.first_nonfinite
+        last = int(window.history.steps[-1]) if window.history.count else payload.step - 1
         window.history.rewind_to(payload.step)
+        window.settings_trail.rewind(payload.step)
+        # The abandoned branch stays told in Events (with its first NaN/Inf, if it had one).
+        message = (f"rewound to before step {payload.step}: the abandoned branch ran steps "
+                   f"{payload.step}-{last}")
+        if abandoned is not None and abandoned.step >= payload.step:
+            message += f"; its first NaN/Inf: {abandoned.describe()}"
+        else:
+            message += "; it had no NaN/Inf"
+        window.history.events.append(Event(payload.step, "rewind", None, message))
+        window.events_panel.clear()
+        # The traced step and the diagnosis of the abandoned branch are gone with it.
+        if self.trace_events and self.trace_events[0].step >= payload.step:
+            self.trace_events = []
+            self.timeline.set_events([])
         if window.history.first_nonfinite is None:
             window.tree_model.set_origin(None)
             window._origin_shown = False

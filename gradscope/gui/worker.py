@@ -61,6 +61,7 @@ class StepRecord:
     layer_names: tuple[str, ...]
     layer_types: tuple[str, ...]
     layer_params: tuple[int, ...]
+    settings: Any = None  # the RunSettings the step ran with
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,7 @@ class RunWorker(QObject):
                 tuple(layer.num_params for layer in layers),
             )
         _, names, types, params = self._layer_layout
-        return StepRecord(result, names, types, params)
+        return StepRecord(result, names, types, params, self.runner.settings)
 
     def _emit_records(self, pending: list[StepRecord]) -> None:
         if pending:

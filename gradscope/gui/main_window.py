@@ -103,6 +103,7 @@ _STATE_TEXT = {
     "pausing": ("Pausing after this step…", "#a05a00"),
     "stopping": ("Stopping after this step…", "#666"),
     "failed": ("Error", "#c00000"),
+    "step_failed": ("Step failed", "#c00000"),
 }
 
 
@@ -426,7 +427,7 @@ class MainWindow(QMainWindow):
         if self.state == "running":
             self.run_thread.stop()
             self._show_ending("stopping")
-        elif self.state in ("ready", "paused", "halted", "done"):
+        elif self.state in ("ready", "paused", "halted", "done", "step_failed"):
             self._set_state("stopped")
 
     def restart(self, run_after_load: bool = False) -> None:
@@ -619,9 +620,10 @@ class MainWindow(QMainWindow):
             self.run_thread.busy = True
             self.run_paused.emit(payload)
             return
-        state = {"nonfinite": "halted", "stopped": "stopped", "failed": "paused",
-                 "completed": "done"}.get(
-            payload.reason, "paused")
+        state = {"nonfinite": "halted", "stopped": "stopped", "failed": "step_failed",
+                 "completed": "done"}.get(payload.reason, "paused")
+        if state == "done" and self.history.count < self.settings_panel.settings().steps:
+            state = "paused"  # a Step, or Apply, is not the end of the run
         if self.state == "failed":
             state = "failed"
         self._set_state(state)
@@ -907,14 +909,18 @@ class MainWindow(QMainWindow):
         state = self.state
         has_model = self.source is not None
         self.run_action.setEnabled(has_model and state in ("ready", "paused", "halted", "done",
-                                                           "stopped", "failed", "before_apply"))
+                                                           "stopped", "failed", "before_apply",
+                                                           "step_failed"))
         self.run_action.setText(
-            "&Continue" if state in ("paused", "halted", "before_apply") else "&Run")
+            "&Continue" if state in ("paused", "halted", "before_apply", "step_failed")
+            else "&Run")
         self.pause_action.setEnabled(state == "running")
         self.step_action.setEnabled(
-            has_model and state in ("ready", "paused", "halted", "done", "before_apply"))
+            has_model and state in ("ready", "paused", "halted", "done", "before_apply",
+                                    "step_failed"))
         self.stop_action.setEnabled(has_model and state in ("running", "paused", "halted",
-                                                            "done", "before_apply"))
+                                                            "done", "before_apply",
+                                                            "step_failed"))
         self.restart_action.setEnabled(has_model and state != "loading")
         self.export_png_action.setEnabled(self.history.count > 0 or state != "empty")
         self.export_csv_action.setEnabled(True)

@@ -223,8 +223,11 @@ class RunWorker(QObject):
         pending: list[StepRecord] = []
         last_emit = time.perf_counter()
         reason = "completed"
-        # A halt is a breakpoint: continuing means taking the next step.
+        # A halt is a breakpoint at the run's first NaN/Inf: continuing runs on (later
+        # non-finite steps are still not applied, unless keep_going) instead of pausing again
+        # after every step.
         runner.halted = False
+        past_first_nonfinite = runner.first_nonfinite is not None
         if runner.pending_step is not None:
             # Paused before the optimizer step: Apply (or Run) applies it with the settings
             # as they are now (a clip or learning rate changed while paused counts).
@@ -280,9 +283,10 @@ class RunWorker(QObject):
             if now - last_emit >= _EMIT_INTERVAL:
                 self._emit_records(pending)
                 last_emit = now
-            if runner.halted:
+            if runner.halted and not past_first_nonfinite:
                 reason = "nonfinite"
                 break
+            runner.halted = False
             if runner.pending_step is not None:
                 reason = "nonfinite" if result.nonfinite else "before_apply"
                 break

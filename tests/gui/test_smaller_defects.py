@@ -1,0 +1,28 @@
+"""The smaller defects of issue 15 (item 12), each with a test that failed before its fix."""
+
+from __future__ import annotations
+
+from gui_helpers import RUN_TIMEOUT, open_and_wait, run_and_wait
+
+
+def test_continue_after_a_nan_pause_runs_on(qtbot, window, scripts) -> None:
+    open_and_wait(qtbot, window, scripts["nan"])  # 20 steps, NaN/Inf from step 2
+    assert run_and_wait(qtbot, window, window.run).reason == "nonfinite"
+    assert window.state == "halted" and window.history.count == 3
+    paused = run_and_wait(qtbot, window, window.run)  # Continue
+    assert paused.reason == "completed" and window.history.count == 20
+    assert window.state == "done"
+
+
+def test_a_step_is_paused_not_finished_and_a_failed_step_says_so(qtbot, window, scripts):
+    open_and_wait(qtbot, window, scripts["tiny"])
+    run_and_wait(qtbot, window, window.step)
+    assert window.state == "paused" and "Paused" in window.state_label.text()
+    assert window.run_action.text() == "&Continue"
+    open_and_wait(qtbot, window, scripts["fails"])
+    with qtbot.waitSignal(window.error_shown, timeout=RUN_TIMEOUT):
+        window.run()
+    qtbot.waitUntil(lambda: window.state != "running", timeout=RUN_TIMEOUT)
+    window.error_dialog.close()
+    assert window.state == "step_failed" and "Step failed" in window.state_label.text()
+    assert window.step_action.isEnabled()

@@ -71,6 +71,7 @@ class RecordingController(QObject):
         self.reader: RecordingReader | None = None
         self._layers: tuple[tuple[str, ...], list[LayerInfo]] = ((), [])
         self._settings_trail: SettingsTrail | None = None
+        self._to_record: ModelLoaded | None = None  # loaded, recorded from its first step
 
         self.open_action = window._action(
             "Open &recording…", self._on_open_action_triggered, "Ctrl+Shift+R",
@@ -111,6 +112,13 @@ class RecordingController(QObject):
     def _on_window_model_loaded(self, payload: ModelLoaded) -> None:
         self._stop_following()
         self.close_writer()
+        # The file is made with the first step: opening a model and not running it (every
+        # launch does) leaves no empty recording behind.
+        self._to_record = payload
+        self._settings_trail = SettingsTrail(payload.settings)
+        self.label.setText("")
+
+    def _start_writer(self, payload: ModelLoaded) -> None:
         if not self.record_action.isChecked():
             return
         from gradscope.core.recording import RecordingWriter
@@ -127,7 +135,6 @@ class RecordingController(QObject):
             self.window.statusBar().showMessage(f"not recording this run: {error}", 10000)
             self.writer = None
             return
-        self._settings_trail = SettingsTrail(payload.settings)
         self.label.setText(f"recording to {path.name}")
         self.label.setToolTip(str(path))
 
@@ -140,6 +147,9 @@ class RecordingController(QObject):
 
     @Slot(object)
     def _on_worker_steps_finished(self, payload: StepsFinished) -> None:
+        if self._to_record is not None and self.window.state != "recording":
+            loaded, self._to_record = self._to_record, None
+            self._start_writer(loaded)
         writer = self.writer
         if writer is None:
             return
@@ -177,6 +187,7 @@ class RecordingController(QObject):
             self.preferences.setValue("recording/enabled", "true" if checked else "false")
         if not checked:
             self.close_writer()
+            self._to_record = None
 
     # -- opening and following ---------------------------------------------------------
     def open_recording(self, path: str | os.PathLike[str]) -> bool:
@@ -196,6 +207,7 @@ class RecordingController(QObject):
             return False
         self._stop_following()
         self.close_writer()
+        self._to_record = None
         self.reader = reader
         if tree is None:
             tree = _flat_tree(history)

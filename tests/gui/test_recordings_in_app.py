@@ -43,12 +43,16 @@ def _write(tmp_path: Path, steps: int, pause: float) -> tuple[Path, subprocess.P
 
 
 def test_app_records_its_own_runs(qtbot, window, scripts) -> None:
+    before = set(runs_folder().glob("*.gsrec")) if runs_folder().exists() else set()
     with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
         window.open_model(scripts["tiny"])
-    writer = window.recordings.writer
-    assert writer is not None and writer.path.parent == runs_folder()
+    # Opening a model (every launch does) writes nothing: the recording starts with a step.
+    assert window.recordings.writer is None
+    assert (set(runs_folder().glob("*.gsrec")) if runs_folder().exists() else set()) == before
     with qtbot.waitSignal(window.run_paused, timeout=TIMEOUT):
         window.run()
+    writer = window.recordings.writer
+    assert writer is not None and writer.path.parent == runs_folder()
     path = writer.path
     window.recordings.close_writer()
     with RecordingReader(path) as reader:

@@ -899,6 +899,8 @@ class MainWindow(QMainWindow):
             if self._dirty and self._paint_cpu_from is None:
                 self._arm_refresh_timer()
         self._show_step_progress()
+        # While a model loads, its settings are not known yet: nothing to edit.
+        self.settings_panel.setEnabled(state != "loading")
         text, color = _STATE_TEXT[state]
         if state == "halted":
             color = STATUS_COLORS[3]

@@ -271,6 +271,9 @@ class SettingsPanel(QScrollArea):
             widget.installEventFilter(self._wheel_filter)
         self._running_settings: RunSettings | None = None
         self._last_emitted: RunSettings | None = None
+        # Until a model has loaded: the engine's defaults, not the widgets' minimums
+        # ("Steps 0, Image size 8" looked like the model's settings).
+        self.set_settings(RunSettings())
 
     def _fill_devices(self, cuda: list[str]) -> None:
         self.device.addItem("auto")

@@ -26,3 +26,15 @@ def test_a_step_is_paused_not_finished_and_a_failed_step_says_so(qtbot, window, 
     window.error_dialog.close()
     assert window.state == "step_failed" and "Step failed" in window.state_label.text()
     assert window.step_action.isEnabled()
+
+
+def test_no_placeholder_settings_before_or_while_loading(qtbot, window, scripts) -> None:
+    from gradscope.core.settings import RunSettings
+
+    panel = window.settings_panel
+    defaults = RunSettings()
+    assert (panel.steps.value(), panel.image_size.value()) == (defaults.steps, 224)
+    with qtbot.waitSignal(window.model_loaded, timeout=RUN_TIMEOUT):
+        window.open_model(scripts["tiny"])
+        assert not panel.isEnabled()  # loading: the model's settings are not known yet
+    assert panel.isEnabled() and panel.steps.value() == 5

@@ -24,10 +24,30 @@ from PySide6.QtWidgets import QGraphicsItem
 _BEHIND_DATA_Z = -150
 
 
+def _abbreviate(part: str) -> str:
+    """``denseblock4`` -> ``den4``, ``encoder_layer_11`` -> ``enc11``, ``0`` -> ``0``: a
+    path component's first letters and its index, which tells sibling blocks apart."""
+    letters = "".join(c for c in part if not c.isdigit()).strip("_")
+    digits = "".join(c for c in part if c.isdigit())
+    return (letters[:3] + digits) or part
+
+
 def elide(name: str, limit: int = 26) -> str:
-    """A layer name shortened from the left to ``limit`` characters; the root is "(model)"."""
+    """A layer name in at most ``limit`` characters; the root is "(model)". The last
+    component stays whole and every block index stays: the components before it are
+    abbreviated from the left (``features.denseblock4.denselayer16.conv2`` ->
+    ``fea.den4.den16.conv2``); only what still does not fit is cut from the left."""
     name = name or "(model)"
-    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+    if len(name) <= limit:
+        return name
+    parts = name.split(".")
+    for i in range(len(parts) - 1):
+        parts[i] = _abbreviate(parts[i])
+        shortened = ".".join(parts)
+        if len(shortened) <= limit:
+            return shortened
+    shortened = ".".join(parts)
+    return shortened if len(shortened) <= limit else "…" + shortened[-(limit - 1):]
 
 
 def opaque_over(color: QColor, background: QColor) -> QColor:

@@ -82,3 +82,15 @@ def test_the_grid_blends_with_its_own_view_background(qtbot) -> None:
         else:
             assert axis.background() is None
             assert any(pen.color().alpha() < 255 for pen in grid)
+
+
+def test_long_layer_names_keep_their_block_index() -> None:
+    from gradscope.gui.plot_axes import elide
+
+    assert elide("features.denseblock4.denselayer16.conv2") == "fea.den4.den16.conv2"
+    short = elide("encoder.layers.encoder_layer_11.self_attention.out_proj")
+    assert len(short) <= 26 and "11" in short and short.endswith("out_proj")
+    assert elide("layer1.0.conv1") == "layer1.0.conv1" and elide("") == "(model)"
+    # Siblings stay apart.
+    assert elide("features.denseblock3.denselayer16.conv2") != elide(
+        "features.denseblock4.denselayer16.conv2")

@@ -676,6 +676,12 @@ class GradientNormPlot(QWidget):
         name, step, value = found
         self.hover_text = f"{name or '(model)'}\nstep {step}\n‖grad‖ = {format_value(value)}"
         self.hover.setText(self.hover_text)
+        # On the side of the cursor where the label has room: below it in the upper part
+        # of the plot, left of it in the right part (it was clipped at the top and right).
+        rect = self.item.vb.sceneBoundingRect()
+        right = scene_pos.x() > rect.left() + rect.width() * 0.6
+        upper = scene_pos.y() < rect.top() + rect.height() * 0.4
+        self.hover.setAnchor((1 if right else 0, 0 if upper else 1))
         self.hover.setPos(self.item.vb.mapSceneToView(scene_pos))
         self.hover.setVisible(True)
 

@@ -38,3 +38,22 @@ def test_no_placeholder_settings_before_or_while_loading(qtbot, window, scripts)
         window.open_model(scripts["tiny"])
         assert not panel.isEnabled()  # loading: the model's settings are not known yet
     assert panel.isEnabled() and panel.steps.value() == 5
+
+
+def test_hover_labels_stay_inside_the_plot(qtbot, window, scripts) -> None:
+    import numpy as np
+    from PySide6.QtCore import QPointF
+
+    open_and_wait(qtbot, window, scripts["tiny"], steps=30)
+    run_and_wait(qtbot, window, window.run)
+    window._refresh()
+    plot = window.plots.gradient_norm
+    vb = plot.item.vb
+    qtbot.wait(50)
+    x, y = plot.curves["2"].getData()
+    for index in (int(np.nanargmax(y)), len(x) - 1, 0):  # the highest point, the last, the first
+        scene = vb.mapViewToScene(QPointF(float(x[index]), float(y[index])))
+        plot._on_scene_mouse_moved(scene)
+        assert plot.hover.isVisible(), index
+        inside = vb.sceneBoundingRect().adjusted(-1, -1, 1, 1)
+        assert inside.contains(plot.hover.sceneBoundingRect()), index

@@ -324,11 +324,11 @@ class GradientNormPlot(QWidget):
         self.item.getAxis("left").setWidth(_LEFT_AXIS_WIDTH)
         self.item.setClipToView(True)
         self.item.setDownsampling(ds=True, auto=True, mode="peak")
-        self.legend = pg.LegendItem(offset=(10, 24), labelTextSize="8pt")
-        self.legend.setParentItem(self.item.vb)
-        self.legend.setBrush(pg.mkBrush(255, 255, 255, 205))
-        self.legend.setPen(pg.mkPen(200, 200, 200))
+        # Under the step axis, not over the curves (it hid the data), in columns.
+        self.legend = pg.LegendItem(labelTextSize="8pt", colCount=3, verSpacing=-6)
+        self.item.layout.addItem(self.legend, 4, 1)
         self._legend_names: list[str] = []
+        self._legend_more = pg.PlotDataItem(pen=None)  # the sample of the "+N more" entry
         # One curve per layer while few are ticked; with more, the unselected ones are drawn
         # by one curve per colour (a ``connect`` array separates the layers), peak-downsampled
         # to the view here, and only the selected layer keeps its own curve.
@@ -573,18 +573,32 @@ class GradientNormPlot(QWidget):
         self._edge_points = data
 
     def _update_legend(self, visible: list[str]) -> None:
-        shown = visible[:_LEGEND_MAX] if len(visible) <= _LEGEND_MAX else []
+        # Many layers: the selected one and the first others, then how many more (hovering
+        # a curve names it); the legend no longer disappears.
+        shown = list(visible)
+        more = 0
+        if len(shown) > _LEGEND_MAX:
+            first = [self._selected] if self._selected in shown else []
+            shown = first + [n for n in shown if n not in first][: _LEGEND_MAX - 1 - len(first)]
+            more = len(visible) - len(shown)
         if self._edge_points:
             shown = [*shown, _EDGE_LEGEND]
-        if shown == self._legend_names:
+        key = [*shown, more]
+        if key == self._legend_names:
             return
         self.legend.clear()
         for name in shown:
-            if name == _EDGE_LEGEND:
-                self.legend.addItem(self.markers, "NaN/Inf (top edge), 0 (bottom)")
-            else:
-                self.legend.addItem(self._layer_curve(name), elide(name, 30))
-        self._legend_names = shown
+            if name != _EDGE_LEGEND:
+                # A sample item of the layer's colour, not its curve: with many layers the
+                # curves are grouped, and a layer's own curve must not be made for it.
+                sample = pg.PlotDataItem(pen=pg.mkPen(self._colors.get(name, QColor("#1f77b4")),
+                                                      width=1.5))
+                self.legend.addItem(sample, elide(name, 30))
+        if more:
+            self.legend.addItem(self._legend_more, f"+{more} more (hover a curve)")
+        if _EDGE_LEGEND in shown:
+            self.legend.addItem(self.markers, "NaN/Inf (top edge), 0 (bottom)")
+        self._legend_names = key
         self.legend.setVisible(bool(shown))
 
     def show_selection(self, layer: str | None, step: int | None) -> None:

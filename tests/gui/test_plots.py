@@ -248,3 +248,24 @@ def test_heatmap_names_its_layers_and_gives_zero_its_own_colour(qtbot) -> None:
     assert history.matrix("grad_norm")[7, 0] == 0
     assert tuple(zero) == ZERO_RGBA
     assert not any(tuple(zero) == tuple(row) for row in _VIRIDIS_LUT)
+
+
+def test_the_legend_stays_off_the_curves_and_with_many_layers(qtbot) -> None:
+    from gradscope.gui.plots import GradientNormPlot
+
+    names, history, _ = _history(layers=20, steps=30)
+    plot = GradientNormPlot()
+    qtbot.addWidget(plot)
+    plot.resize(700, 450)
+    plot.show()
+    plot.refresh(_view(names, history, visible=names[:5]))
+    qtbot.wait(20)
+    labels = [label.text for _, label in plot.legend.items]
+    assert labels[:5] == names[:5]
+    assert not plot.legend.sceneBoundingRect().intersects(plot.item.vb.sceneBoundingRect())
+    # Twenty layers: twelve entries at most, the selected one first, and how many more.
+    plot.show_selection("layer17", None)
+    plot.refresh(_view(names, history, selected="layer17"))
+    labels = [label.text for _, label in plot.legend.items]
+    assert plot.legend.isVisible()
+    assert labels[0] == "layer17" and "+9 more" in labels[11]

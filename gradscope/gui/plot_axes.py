@@ -62,8 +62,48 @@ def opaque_over(color: QColor, background: QColor) -> QColor:
     )
 
 
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def tick_text(value: float) -> str:
+    """A tick label, the same on every axis of the app: ``0.05``, ``250``, and powers of
+    ten as ``5·10¹⁰`` (linear axes wrote ``5e+10`` beside log axes' ``5·10¹⁰``)."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    if 1e-3 <= abs(value) < 1e4:
+        return f"{value:.4g}"
+    mantissa, exponent = f"{value:.2e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    power = "10" + str(int(exponent)).translate(_SUPERSCRIPT)
+    if mantissa in ("1", "-1"):
+        return power if mantissa == "1" else "-" + power
+    return f"{mantissa}·{power}"
+
+
 class GridAxis(pg.AxisItem):
-    """An axis whose ticks and grid lines are opaque, drawn behind the plot's data."""
+    """An axis whose ticks and grid lines are opaque, drawn behind the plot's data, with
+    the app's tick labels (:func:`tick_text`)."""
+
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        if self.logMode:
+            return self.logTickStrings(values, scale, spacing)
+        # Round away float noise of the tick positions (0.30000000000000004).
+        digits = max(0, -math.floor(math.log10(spacing * scale))) + 1 if spacing > 0 else 6
+        return [tick_text(round(v * scale, digits) if abs(v * scale) < 1e4 else v * scale)
+                for v in values]
+
+    def logTickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        # Over more than a decade, only the powers of ten are labelled: the 2..9 minor ticks
+        # of every decade crowded into unreadable stacks ("0.1 0.09 0.08...").
+        low, high = sorted(self.range)
+        decades = high - low
+        labels = []
+        for v in values:
+            if decades > 1.2 and abs(v - round(v)) > 1e-6:
+                labels.append("")
+            else:
+                labels.append(tick_text(10 ** v * scale))
+        return labels
 
     def __init__(self, orientation: str) -> None:
         super().__init__(orientation)

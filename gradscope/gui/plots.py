@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
@@ -325,7 +325,7 @@ class GradientNormPlot(QWidget):
         self.item.setClipToView(True)
         self.item.setDownsampling(ds=True, auto=True, mode="peak")
         # Under the step axis, not over the curves (it hid the data), in columns.
-        self.legend = pg.LegendItem(labelTextSize="8pt", colCount=3, verSpacing=-6)
+        self.legend = pg.LegendItem(labelTextSize="8pt", colCount=1, verSpacing=-6)
         self.item.layout.addItem(self.legend, 4, 1)
         self._legend_names: list[str] = []
         self._legend_more = pg.PlotDataItem(pen=None)  # the sample of the "+N more" entry
@@ -453,8 +453,21 @@ class GradientNormPlot(QWidget):
                       symbolSize=4, symbolBrush=color, symbolPen=None)
 
     def _on_view_range_changed(self, *_: object) -> None:
+        self._fit_legend_columns()
         if not self._hold:
             self._redraw_view_dependent()
+
+    def _fit_legend_columns(self) -> None:
+        # As many columns as the plot's width holds: a legend wider than the plot would
+        # widen the whole plot past its view (the right part cut off).
+        font = QFont()
+        font.setPointSize(8)
+        metrics = QFontMetrics(font)
+        widest = max((metrics.horizontalAdvance(label.text) + 34
+                      for _, label in self.legend.items), default=150)
+        columns = max(1, int(self.item.vb.width() // max(widest, 60)))
+        if columns != self.legend.columnCount:
+            self.legend.setColumnCount(columns)
 
     def hold(self, holding: bool) -> None:
         """While the panel moves the view for a refresh, draw nothing (the refresh does)."""
@@ -593,13 +606,14 @@ class GradientNormPlot(QWidget):
                 # curves are grouped, and a layer's own curve must not be made for it.
                 sample = pg.PlotDataItem(pen=pg.mkPen(self._colors.get(name, QColor("#1f77b4")),
                                                       width=1.5))
-                self.legend.addItem(sample, elide(name, 30))
+                self.legend.addItem(sample, elide(name, 22))
         if more:
             self.legend.addItem(self._legend_more, f"+{more} more (hover a curve)")
         if _EDGE_LEGEND in shown:
-            self.legend.addItem(self.markers, "NaN/Inf (top edge), 0 (bottom)")
+            self.legend.addItem(self.markers, "NaN/Inf top, 0 bottom")
         self._legend_names = key
         self.legend.setVisible(bool(shown))
+        self._fit_legend_columns()
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
         previous, self._selected = self._selected, layer
@@ -959,7 +973,11 @@ class GradientFlowPlot(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
+        # Its rows are the heatmap's, which names them on its left: no second name column
+        # (it took the chart's width at 1280x800 and cut its title and bars).
         self.axis = LayerAxis("left")
+        self.axis.setStyle(showValues=False)
+        self.axis.setWidth(8)
         self.widget = _plot_widget("Gradient flow", grid_y=False, left=self.axis)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)

@@ -57,3 +57,23 @@ def test_hover_labels_stay_inside_the_plot(qtbot, window, scripts) -> None:
         assert plot.hover.isVisible(), index
         inside = vb.sceneBoundingRect().adjusted(-1, -1, 1, 1)
         assert inside.contains(plot.hover.sceneBoundingRect()), index
+
+
+def test_at_1280x800_every_plot_fits_its_view(qtbot, window, scripts) -> None:
+    # Long layer names once made the legend and the flow chart's name axis wider than their
+    # plots: the right part of the plots (the flow chart's title and bars) was cut off.
+    from pathlib import Path
+
+    sample = Path(__file__).parents[2] / "sample_models" / "half_precision_attention_overflow.py"
+    open_and_wait(qtbot, window, str(sample))
+    run_and_wait(qtbot, window, window.run)
+    window._refresh()
+    qtbot.wait(50)
+    for plot in (window.plots.gradient_norm, window.plots.loss, window.plots.heatmap,
+                 window.plots.flow):
+        view = plot.widget
+        scene_width = plot.item.sceneBoundingRect().width()
+        assert scene_width <= view.viewport().width() + 1, (plot, scene_width)
+    title = window.plots.flow.widget.plotItem.titleLabel
+    assert title.text.startswith("Gradient flow at step")
+    assert window.plots.flow.item.sceneBoundingRect().contains(title.sceneBoundingRect())

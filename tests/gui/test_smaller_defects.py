@@ -77,3 +77,17 @@ def test_at_1280x800_every_plot_fits_its_view(qtbot, window, scripts) -> None:
     title = window.plots.flow.widget.plotItem.titleLabel
     assert title.text.startswith("Gradient flow at step")
     assert window.plots.flow.item.sceneBoundingRect().contains(title.sceneBoundingRect())
+
+
+def test_after_a_rewind_trace_and_diagnosis_leave_the_abandoned_step(qtbot, window, scripts):
+    open_and_wait(qtbot, window, scripts["nan"], trace=True, rewind_depth=5)
+    run_and_wait(qtbot, window, window.run)
+    debugger = window.debugger
+    assert debugger.timeline.events and debugger.timeline.events[0].step == 2
+    assert debugger.diagnosis.origin is not None
+    with qtbot.waitSignal(debugger.rewound, timeout=RUN_TIMEOUT):
+        assert debugger.rewind(1)
+    qtbot.waitUntil(lambda: window.state != "running", timeout=RUN_TIMEOUT)
+    assert debugger.timeline.events == [] and debugger.trace_events == []
+    assert debugger.diagnosis.origin is None
+    assert "No NaN/Inf" in debugger.diagnosis.summary.text()

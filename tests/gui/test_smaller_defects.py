@@ -69,8 +69,12 @@ def test_at_1280x800_every_plot_fits_its_view(qtbot, window, scripts) -> None:
     run_and_wait(qtbot, window, window.run)
     window._refresh()
     qtbot.wait(50)
-    for plot in (window.plots.gradient_norm, window.plots.loss, window.plots.heatmap,
-                 window.plots.flow):
+    for plot in (
+        window.plots.gradient_norm,
+        window.plots.loss,
+        window.plots.heatmap,
+        window.plots.flow,
+    ):
         view = plot.widget
         scene_width = plot.item.sceneBoundingRect().width()
         assert scene_width <= view.viewport().width() + 1, (plot, scene_width)

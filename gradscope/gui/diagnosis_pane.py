@@ -14,6 +14,22 @@ from gradscope.core.origin import Origin
 _HIGHLIGHT = QColor("#fbd5d5")
 
 
+def display_path(file: str) -> str:
+    """A source path as a person reads it: relative to the working folder when inside it,
+    with ~ for the home folder otherwise."""
+    path = Path(file)
+    try:
+        folder = Path.cwd().resolve()
+        if folder.parent != folder:  # not from the root folder
+            return str(path.resolve().relative_to(folder))
+    except (ValueError, OSError):
+        pass
+    try:
+        return "~/" + str(path.resolve().relative_to(Path.home().resolve()))
+    except (ValueError, OSError, RuntimeError):
+        return file
+
+
 class DiagnosisPane(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -43,12 +59,15 @@ class DiagnosisPane(QWidget):
             self.location.setText("")
             self.source.setPlainText("")
             return
-        self.summary.setText("\n".join(explain(origin)))
+        summary = "\n".join(explain(origin))
+        if origin.file:
+            summary = summary.replace(origin.file, display_path(origin.file))
+        self.summary.setText(summary)
         if not origin.file:
             self.location.setText("(no source line: the operation ran outside Python code)")
             self.source.setPlainText("")
             return
-        self.location.setText(f"{origin.file}:{origin.line}")
+        self.location.setText(f"{display_path(origin.file)}:{origin.line}")
         try:
             text = Path(origin.file).read_text(encoding="utf-8", errors="replace")
         except OSError as error:

@@ -452,6 +452,10 @@ class GradientNormPlot(QWidget):
         curve.setData(self._steps, logged, connect="finite", symbol="o" if few else None,
                       symbolSize=4, symbolBrush=color, symbolPen=None)
 
+    def resizeEvent(self, event: object) -> None:
+        super().resizeEvent(event)
+        self._fit_legend_columns()
+
     def _on_view_range_changed(self, *_: object) -> None:
         self._fit_legend_columns()
         if not self._hold:
@@ -465,7 +469,9 @@ class GradientNormPlot(QWidget):
         metrics = QFontMetrics(font)
         widest = max((metrics.horizontalAdvance(label.text) + 34
                       for _, label in self.legend.items), default=150)
-        columns = max(1, int(self.item.vb.width() // max(widest, 60)))
+        # The view's width, not the plot item's: a legend too wide has already widened that.
+        available = self.widget.viewport().width() - self.item.getAxis("left").width() - 16
+        columns = max(1, int(available // max(widest, 60)))
         if columns != self.legend.columnCount:
             self.legend.setColumnCount(columns)
 

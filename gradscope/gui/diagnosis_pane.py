@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QTextCursor, QTextFormat
-from PySide6.QtWidgets import QLabel, QPlainTextEdit, QTextEdit, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QLabel,
+    QPlainTextEdit,
+    QScrollArea,
+    QSplitter,
+    QTextEdit,
+    QVBoxLayout,
+    QWidget,
+)
 
 from gradscope.core.diagnosis import explain
 from gradscope.core.origin import Origin
@@ -43,11 +52,26 @@ class DiagnosisPane(QWidget):
         font = QFont("monospace")
         font.setStyleHint(QFont.StyleHint.Monospace)
         self.source.setFont(font)
+        # The explanation scrolls, and a splitter shares the height with the source: in a
+        # short dock (1280x800 with the trace open) the label was cut, not scrollable.
+        self.summary.setAlignment(self.summary.alignment() | Qt.AlignmentFlag.AlignTop)
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setWidget(self.summary)
+        bottom = QWidget()
+        bottom_layout = QVBoxLayout(bottom)
+        bottom_layout.setContentsMargins(0, 0, 0, 0)
+        bottom_layout.addWidget(self.location)
+        bottom_layout.addWidget(self.source, 1)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(scroll)
+        splitter.addWidget(bottom)
+        splitter.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.summary)
-        layout.addWidget(self.location)
-        layout.addWidget(self.source, 1)
+        layout.addWidget(splitter)
         self.origin: Origin | None = None
         self.highlighted_line: int | None = None
 

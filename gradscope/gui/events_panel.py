@@ -115,6 +115,12 @@ class EventsPanel(QWidget):
         self._shown = 0
         self._banner_shown = False
 
+    def resizeEvent(self, event: object) -> None:
+        # The banner takes at most a third of the panel: in a short dock (1280x800) a fixed
+        # 190 px left the list 1.5 rows.
+        super().resizeEvent(event)
+        self.banner_area.setMaximumHeight(max(60, min(190, self.height() // 3)))
+
     def clear(self) -> None:
         self.table.setRowCount(0)
         self._shown = 0

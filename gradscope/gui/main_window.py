@@ -233,6 +233,9 @@ class MainWindow(QMainWindow):
         self.events_panel = EventsPanel()
         self.events_panel.selection_made.connect(self._on_view_selection_made)
 
+        # The left docks reach the bottom of the window: the step trace (bottom area) opens
+        # under the plots only, not under Events (which it squeezed to 1.5 rows at 1280x800).
+        self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.layers_dock = self._dock("Layers", "layers", layers)
         self.settings_dock = self._dock("Run settings", "settings", self.settings_panel)
         self.events_dock = self._dock("Events", "events", self.events_panel)

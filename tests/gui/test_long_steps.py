@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from gui_helpers import RUN_TIMEOUT, open_and_wait
 
 SLOW_MODULES = """
@@ -81,6 +82,7 @@ def test_closing_the_window_does_not_wait_for_the_step(qtbot, window, tmp_path):
     assert took < 1.2, took
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # inception_v3 init notice
 def test_torchvision_models_get_cpu_friendly_defaults_the_settings_show(qtbot, window):
     open_and_wait(qtbot, window, "resnet18")
     settings = window.run_thread.worker.runner.settings

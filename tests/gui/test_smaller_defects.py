@@ -95,3 +95,21 @@ def test_after_a_rewind_trace_and_diagnosis_leave_the_abandoned_step(qtbot, wind
     assert debugger.timeline.events == [] and debugger.trace_events == []
     assert debugger.diagnosis.origin is None
     assert "No NaN/Inf" in debugger.diagnosis.summary.text()
+
+
+def test_at_1280x800_events_keep_room_with_the_trace_open(qtbot, window, scripts) -> None:
+    open_and_wait(qtbot, window, scripts["nan"], trace=True)
+    run_and_wait(qtbot, window, window.run)
+    window.events_dock.raise_()
+    window._refresh()
+    qtbot.wait(50)
+    assert window.debugger.trace_dock.isVisible()
+    table = window.events_panel.table
+    rows = table.viewport().height() / max(table.verticalHeader().defaultSectionSize(), 1)
+    assert rows >= 4, rows  # it shrank to 1.5 rows
+    # The diagnosis text scrolls instead of being cut.
+    window.debugger.diagnosis_dock.raise_()
+    qtbot.wait(50)
+    pane = window.debugger.diagnosis
+    assert pane.summary.text().startswith("step 2: first")
+    assert pane.summary.parentWidget().parentWidget().inherits("QScrollArea")

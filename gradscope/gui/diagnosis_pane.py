@@ -54,7 +54,7 @@ class DiagnosisPane(QWidget):
         self.source.setFont(font)
         # The explanation scrolls, and a splitter shares the height with the source: in a
         # short dock (1280x800 with the trace open) the label was cut, not scrollable.
-        self.summary.setAlignment(self.summary.alignment() | Qt.AlignmentFlag.AlignTop)
+        self.summary.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -69,6 +69,8 @@ class DiagnosisPane(QWidget):
         splitter.addWidget(scroll)
         splitter.addWidget(bottom)
         splitter.setChildrenCollapsible(False)
+        splitter.setStretchFactor(1, 1)  # extra height goes to the source file
+        self.splitter = splitter
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(splitter)
@@ -87,6 +89,7 @@ class DiagnosisPane(QWidget):
         if origin.file:
             summary = summary.replace(origin.file, display_path(origin.file))
         self.summary.setText(summary)
+        self._balance()
         if not origin.file:
             self.location.setText("(no source line: the operation ran outside Python code)")
             self.source.setPlainText("")
@@ -99,6 +102,20 @@ class DiagnosisPane(QWidget):
             return
         self.source.setPlainText(text)
         self._highlight(origin.line or 1)
+
+    def _balance(self) -> None:
+        """The explanation gets the height it needs (at most 60%), the source the rest."""
+        total = sum(self.splitter.sizes())
+        if total <= 0:
+            return
+        width = max(self.width() - 40, 50)  # the scroll bar and margins
+        needed = self.summary.heightForWidth(width) + 12
+        top = max(40, min(needed, int(total * 0.6)))
+        self.splitter.setSizes([top, total - top])
+
+    def resizeEvent(self, event: object) -> None:
+        super().resizeEvent(event)
+        self._balance()
 
     def _highlight(self, line: int) -> None:
         block = self.source.document().findBlockByLineNumber(max(line - 1, 0))

@@ -31,7 +31,7 @@ from gradscope.gui.status_style import (
 )
 
 _HOVER_PIXELS = 9
-_LEGEND_MAX = 12
+_LEGEND_MAX = 8  # entries: with more layers, the selected and the first ones, then "+N more"
 HEATMAP_MAX_COLUMNS = 2000
 _DOTS_UP_TO = 40
 # More ticked layers than this: one connect-array curve per colour instead of one per layer.
@@ -614,7 +614,7 @@ class GradientNormPlot(QWidget):
                                                       width=1.5))
                 self.legend.addItem(sample, elide(name, 22))
         if more:
-            self.legend.addItem(self._legend_more, f"+{more} more (hover a curve)")
+            self.legend.addItem(self._legend_more, f"+{more} more")
         if _EDGE_LEGEND in shown:
             self.legend.addItem(self.markers, "NaN/Inf top, 0 bottom")
         self._legend_names = key

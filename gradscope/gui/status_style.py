@@ -37,6 +37,27 @@ STATUS_LABELS = {
     STATUS_EXPLODING: "exploding",
     STATUS_NONFINITE: "NaN/Inf",
 }
+# How much a status needs attention, for "the worst inside this module": NaN/Inf first, then
+# exploding, vanishing; statuses the engine may add later (after "nonfinite" in
+# STATUS_NAMES, such as "frozen" or "no gradient") rank above ok and below vanishing.
+_SEVERITY = {STATUS_OK: 0, STATUS_VANISHING: 2, STATUS_EXPLODING: 3, STATUS_NONFINITE: 4}
+
+
+def severity(status: int) -> float:
+    return _SEVERITY.get(status, 1 if status > STATUS_OK else -1)
+
+
+def status_label(status: int) -> str:
+    """The app's word for a status code, including codes added to the engine later."""
+    if status in STATUS_LABELS:
+        return STATUS_LABELS[status]
+    from gradscope.core.watch import STATUS_NAMES
+
+    if 0 <= status < len(STATUS_NAMES):
+        return STATUS_NAMES[status].replace("_", " ")
+    return f"status {status}"
+
+
 ORIGIN_COLOR = "#8b0000"
 ORIGIN_TINT = "#f4a6a6"
 NONFINITE_MARKER_COLOR = STATUS_COLORS[STATUS_NONFINITE]

@@ -193,7 +193,8 @@ class SettingsPanel(QScrollArea):
         self.model_notes.setStyleSheet("color: #a05a00;")
         self.model_notes.hide()
         outer.insertWidget(0, self.model_notes)
-        self.read_only_note = QLabel("The settings of the recorded run (read-only).")
+        self.read_only_note = QLabel("The settings the recorded run started with (read-only); "
+                                     "changes during the run are listed in Events.")
         self.read_only_note.setWordWrap(True)
         self.read_only_note.setStyleSheet("color: #444; font-weight: bold;")
         self.read_only_note.hide()

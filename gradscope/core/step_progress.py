@@ -5,10 +5,9 @@ On a large model a step takes seconds to minutes on a CPU: the app shows "forwar
 module boundary instead of being waited for. A step that ends this way leaves the model and
 optimizer mid-step; only a caller that discards them (the app quitting) may ask for it.
 
-What it hooks is small and only where it pays: a forward hook on each of a few top-level
-modules (the model's children, or their children when there are fewer than
-``_MIN_MODULES``), and in each of those forward calls one gradient hook on the module's
-output, which fires when backward reaches the module. Each hook adds one to a counter: no
+What it hooks is small and only where it pays: a forward hook on each of about 16 modules
+(see :func:`progress_modules`), and in each of those forward calls one gradient hook on the
+module's output, which fires when backward reaches the module. Each hook adds one to a counter: no
 tensor is read, nothing waits for the device. They are attached only to models that are
 large (``LARGE_MODEL_PARAMETERS``) or whose last step was slow (``SLOW_STEP_SECONDS``); a
 small fast model is never hooked.
@@ -24,7 +23,7 @@ from torch import nn
 
 SLOW_STEP_SECONDS = 0.5
 LARGE_MODEL_PARAMETERS = 5_000_000
-_MIN_MODULES = 4
+_TARGET_MODULES = 16
 _MAX_MODULES = 64
 
 
@@ -52,14 +51,22 @@ class ProgressSnapshot:
         return f"step {self.step}: {where} modules, {self.seconds:.0f} s"
 
 
+def _size(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
 def progress_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules whose forward and backward are counted (see the module docstring)."""
-    modules = list(model.children())
-    while 0 < len(modules) < _MIN_MODULES:
-        deeper = [child for module in modules for child in (list(module.children()) or [module])]
-        if len(deeper) == len(modules):
+    """The modules whose forward and backward are counted: the model's children, with the
+    largest one replaced by its own children while there are fewer than ``_TARGET_MODULES``
+    (a transformer's stack of blocks is one child: counted whole, a step would show "1 of
+    5" for most of its time, and quitting would wait for the whole stack)."""
+    modules = list(model.children()) or [model]
+    while len(modules) < _TARGET_MODULES:
+        expandable = [i for i, m in enumerate(modules) if any(True for _ in m.children())]
+        if not expandable:
             break
-        modules = deeper
+        largest = max(expandable, key=lambda i: _size(modules[i]))
+        modules[largest: largest + 1] = list(modules[largest].children())
     return modules[:_MAX_MODULES]
 
 
@@ -92,6 +99,7 @@ class StepProgress:
         self._started = 0.0
         self._forward = 0
         self._backward = 0
+        self._seen: set[int] = set()
 
     @property
     def attached(self) -> bool:
@@ -125,6 +133,7 @@ class StepProgress:
 
     def begin(self, step: int) -> None:
         self._forward = self._backward = 0
+        self._seen = set()
         self._started = time.perf_counter()
         self._step = step
 
@@ -145,9 +154,14 @@ class StepProgress:
         )
 
     # -- hooks (the step's thread) ---------------------------------------------------------
-    def _on_forward(self, _module: nn.Module, _inputs: object, output: object) -> None:
+    def _on_forward(self, module: nn.Module, _inputs: object, output: object) -> None:
         if self.abort_requested:
             raise StepAborted("the step was abandoned")
+        # A module called twice in one forward (a shared ReLU) counts once.
+        key = id(module)
+        if key in self._seen:
+            return
+        self._seen.add(key)
         self._forward += 1
         tensor = _first_tensor(output)
         if tensor is not None and tensor.requires_grad and torch.is_grad_enabled():

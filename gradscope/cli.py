@@ -383,6 +383,7 @@ def report_command(argv: Sequence[str]) -> int:
     from gradscope.core.report import (
         build_report,
         mixed_precision_line,
+        run_events,
         summary_table,
         write_json,
     )
@@ -409,6 +410,8 @@ def report_command(argv: Sequence[str]) -> int:
     scaler_line = mixed_precision_line(history)
     if scaler_line:
         say(scaler_line)
+    for event in run_events(history):  # settings changes and rewinds
+        say(f"step {event['step']}: {event['message']}")
     origin = history.first_nonfinite
     if origin is not None:
         say(f"first non-finite value: {origin.describe()}")

@@ -573,6 +573,7 @@ def test_report_json_has_the_schema_of_run_json(tmp_path, capsys, write_script):
         "total_grad_norm",
         "first_nonfinite",
         "error",
+        "run_events",
         "layers",
     }
     assert report_data["settings"] == {"source": str(script)}
@@ -734,7 +735,11 @@ def test_rewind_drops_the_abandoned_branch_for_readers_and_followers(tmp_path):
         assert history.steps.tolist() == list(range(9))
         for statistic in STATISTICS:
             np.testing.assert_array_equal(history.matrix(statistic), live.matrix(statistic))
-        assert history.events == live.events
+        # The recording keeps what the abandoned branch found, as a "rewind" event.
+        rewinds = [e for e in history.events if e.kind == "rewind"]
+        assert len(rewinds) == 1 and rewinds[0].step == 5
+        assert "steps 5-9" in rewinds[0].message and "step 7" in rewinds[0].message
+        assert [e for e in history.events if e.kind != "rewind"] == live.events
         assert not any(e.step >= 5 and e.kind == "nonfinite" for e in history.events)
         assert [history.worst(n) for n in history.layer_names] == [
             live.worst(n) for n in live.layer_names

@@ -101,6 +101,7 @@ def build_report(
         "first_nonfinite": origin_to_json(history.first_nonfinite),
         **mixed_precision_json(history),
         "error": None,
+        "run_events": run_events(history),
         "layers": layers,
     }
 
@@ -193,3 +194,17 @@ def _nan_aware_max(values: np.ndarray) -> float:
 def trace_to_json(events: list[Any]) -> list[dict[str, Any]]:
     """``trace``: one entry per event of traced steps, in the order they happened."""
     return [_json_safe(event.to_dict()) for event in events]
+
+
+# Events of the run itself, not of its gradients: settings changed while it went on, and
+# rewinds (with what the abandoned branch found). A report that left them out would state
+# the start settings and the kept branch only.
+RUN_EVENT_KINDS = ("settings", "rewind")
+
+
+def run_events(history: RunHistory) -> list[dict[str, Any]]:
+    return [
+        {"step": event.step, "kind": event.kind, "message": event.message}
+        for event in history.events
+        if event.kind in RUN_EVENT_KINDS
+    ]

@@ -60,6 +60,13 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
            screenshot: str | None = None, recording: str | None = None) -> int:
     """Open the window on ``model`` (or the last one, or the default sample), or on a
     ``recording`` (``gradscope open RECORDING``)."""
+    from gradscope.gui.system_check import startup_problem
+
+    problem = startup_problem()
+    if problem is not None:  # Qt would abort with a message that does not say what to do
+        print(problem, file=sys.stderr)
+        return 3
+
     from PySide6.QtCore import QSettings, QTimer
 
     from gradscope.gui.main_window import MainWindow

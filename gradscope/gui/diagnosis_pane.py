@@ -5,13 +5,38 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QTextCursor, QTextFormat
-from PySide6.QtWidgets import QLabel, QPlainTextEdit, QTextEdit, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QLabel,
+    QPlainTextEdit,
+    QScrollArea,
+    QSplitter,
+    QTextEdit,
+    QVBoxLayout,
+    QWidget,
+)
 
 from gradscope.core.diagnosis import explain
 from gradscope.core.origin import Origin
 
 _HIGHLIGHT = QColor("#fbd5d5")
+
+
+def display_path(file: str) -> str:
+    """A source path as a person reads it: relative to the working folder when inside it,
+    with ~ for the home folder otherwise."""
+    path = Path(file)
+    try:
+        folder = Path.cwd().resolve()
+        if folder.parent != folder:  # not from the root folder
+            return str(path.resolve().relative_to(folder))
+    except (ValueError, OSError):
+        pass
+    try:
+        return "~/" + str(path.resolve().relative_to(Path.home().resolve()))
+    except (ValueError, OSError, RuntimeError):
+        return file
 
 
 class DiagnosisPane(QWidget):
@@ -27,11 +52,28 @@ class DiagnosisPane(QWidget):
         font = QFont("monospace")
         font.setStyleHint(QFont.StyleHint.Monospace)
         self.source.setFont(font)
+        # The explanation scrolls, and a splitter shares the height with the source: in a
+        # short dock (1280x800 with the trace open) the label was cut, not scrollable.
+        self.summary.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setWidget(self.summary)
+        bottom = QWidget()
+        bottom_layout = QVBoxLayout(bottom)
+        bottom_layout.setContentsMargins(0, 0, 0, 0)
+        bottom_layout.addWidget(self.location)
+        bottom_layout.addWidget(self.source, 1)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(scroll)
+        splitter.addWidget(bottom)
+        splitter.setChildrenCollapsible(False)
+        splitter.setStretchFactor(1, 1)  # extra height goes to the source file
+        self.splitter = splitter
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.summary)
-        layout.addWidget(self.location)
-        layout.addWidget(self.source, 1)
+        layout.addWidget(splitter)
         self.origin: Origin | None = None
         self.highlighted_line: int | None = None
 
@@ -43,12 +85,16 @@ class DiagnosisPane(QWidget):
             self.location.setText("")
             self.source.setPlainText("")
             return
-        self.summary.setText("\n".join(explain(origin)))
+        summary = "\n".join(explain(origin))
+        if origin.file:
+            summary = summary.replace(origin.file, display_path(origin.file))
+        self.summary.setText(summary)
+        self._balance()
         if not origin.file:
             self.location.setText("(no source line: the operation ran outside Python code)")
             self.source.setPlainText("")
             return
-        self.location.setText(f"{origin.file}:{origin.line}")
+        self.location.setText(f"{display_path(origin.file)}:{origin.line}")
         try:
             text = Path(origin.file).read_text(encoding="utf-8", errors="replace")
         except OSError as error:
@@ -56,6 +102,20 @@ class DiagnosisPane(QWidget):
             return
         self.source.setPlainText(text)
         self._highlight(origin.line or 1)
+
+    def _balance(self) -> None:
+        """The explanation gets the height it needs (at most 60%), the source the rest."""
+        total = sum(self.splitter.sizes())
+        if total <= 0:
+            return
+        width = max(self.width() - 40, 50)  # the scroll bar and margins
+        needed = self.summary.heightForWidth(width) + 12
+        top = max(40, min(needed, int(total * 0.6)))
+        self.splitter.setSizes([top, total - top])
+
+    def resizeEvent(self, event: object) -> None:
+        super().resizeEvent(event)
+        self._balance()
 
     def _highlight(self, line: int) -> None:
         block = self.source.document().findBlockByLineNumber(max(line - 1, 0))

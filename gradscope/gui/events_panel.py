@@ -30,7 +30,8 @@ _KIND_STATUS = {
     "vanishing": STATUS_VANISHING,
     "nonfinite": STATUS_NONFINITE,
 }
-_KIND_LABEL = {"nonfinite": "NaN/Inf", "origin": "NaN/Inf origin"}
+_KIND_LABEL = {"nonfinite": "NaN/Inf", "origin": "NaN/Inf origin",
+               "settings": "settings changed", "rewind": "rewound"}
 _LAYER_ROLE = Qt.ItemDataRole.UserRole + 1
 _STEP_ROLE = Qt.ItemDataRole.UserRole + 2
 
@@ -113,6 +114,12 @@ class EventsPanel(QWidget):
         self.table.cellActivated.connect(self._on_table_cell_clicked)
         self._shown = 0
         self._banner_shown = False
+
+    def resizeEvent(self, event: object) -> None:
+        # The banner takes at most a third of the panel: in a short dock (1280x800) a fixed
+        # 190 px left the list 1.5 rows.
+        super().resizeEvent(event)
+        self.banner_area.setMaximumHeight(max(60, min(190, self.height() // 3)))
 
     def clear(self) -> None:
         self.table.setRowCount(0)

@@ -47,8 +47,24 @@ class GuiThreadCollector(QObject):
         self.timer = QTimer(self)
         self.timer.setInterval(CHECK_INTERVAL_MS)
         self.timer.timeout.connect(self._on_timer_timeout)
+        self._was_enabled = gc.isenabled()
+        self.start()
+
+    def start(self) -> None:
+        """Take automatic collection over (again, after :meth:`stop`)."""
+        if not self.timer.isActive():
+            self._was_enabled = gc.isenabled()
         gc.disable()
         self.timer.start()
+
+    def stop(self) -> None:
+        """Hand collection back to Python as it was before: the timer stops, what settle set
+        aside is collected normally again, automatic collection is on if it was (tests use
+        this, so that one test's frozen heap is not every later test's)."""
+        self.timer.stop()
+        gc.unfreeze()
+        if self._was_enabled:
+            gc.enable()
 
     def _on_timer_timeout(self) -> None:
         if gc.isenabled():  # something turned it back on: the run thread may collect again
@@ -102,4 +118,16 @@ def collect_on_gui_thread() -> GuiThreadCollector:
         current = None
     if current is not app:
         _collector = GuiThreadCollector(app)
+    else:
+        _collector.start()
     return _collector
+
+
+def stop_collecting() -> None:
+    """Stop the application's collector, if any (see :meth:`GuiThreadCollector.stop`)."""
+    if _collector is None:
+        return
+    try:
+        _collector.stop()
+    except RuntimeError:  # gone with its QApplication
+        pass

@@ -41,8 +41,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
+from gradscope.core.history import MISSING, STATUS_MISSING, Event, RunHistory
 from gradscope.core.settings import SETTING_NAMES, RunSettings
+from gradscope.gui import shortcuts
 from gradscope.gui.dialogs import ErrorDialog, TorchvisionDialog, show_about
 from gradscope.gui.events_panel import EventsPanel
 from gradscope.gui.garbage_collection import collect_on_gui_thread
@@ -60,6 +61,7 @@ from gradscope.gui.plots import PlotPanel, PlotView, layer_color
 from gradscope.gui.recordings import RecordingController
 from gradscope.gui.selection import Selection
 from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
+from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.status_style import STATUS_COLORS, format_value
 from gradscope.gui.step_debugger import StepDebugger
 from gradscope.gui.worker import (
@@ -75,6 +77,10 @@ from gradscope.gui.worker import (
 # The app's own defaults, under a script's CONFIG and what the user set: the update ratio on
 # and the last steps kept for Rewind (headless runs default both off, for speed and memory).
 APP_DEFAULTS = {"update_ratio": True, "rewind_depth": 5}
+# Torchvision models in the app without a GPU: an image size and batch that keep a step of a
+# big model in seconds, not minutes (the loader raises the size to what a model needs, e.g.
+# 224 for the vision transformers). Shown, and changeable, in Run settings.
+CPU_TORCHVISION_DEFAULTS = {"image_size": 64, "batch_size": 4}
 REFRESH_INTERVAL_MS = 33  # about 30 Hz: plots never redraw faster than this
 # At most this share of the GUI thread's time goes to redrawing (refresh and paint): a sixth
 # when idle; while a run goes on, less, because the GUI thread then takes the GIL from the
@@ -94,7 +100,10 @@ _STATE_TEXT = {
     "recording": ("Recording (read-only)", "#444"),
     "done": ("Finished", "#2c7a2c"),
     "stopped": ("Stopped", "#666"),
+    "pausing": ("Pausing after this step…", "#a05a00"),
+    "stopping": ("Stopping after this step…", "#666"),
     "failed": ("Error", "#c00000"),
+    "step_failed": ("Step failed", "#c00000"),
 }
 
 
@@ -122,6 +131,10 @@ class MainWindow(QMainWindow):
         self._origin_shown = False
         self._run_after_load = False
         self._loaded_settings: RunSettings | None = None
+        self.settings_trail = SettingsTrail(None)
+        # What was shown before a load started: restored if the load fails.
+        self._before_load: tuple[str | None, str | None, str, str] | None = None
+        self._cpu_defaults = False
         self._rate: deque[tuple[float, int]] = deque(maxlen=64)
         self._syncing_tree = False
         self._colors: dict[str, Any] = {}
@@ -158,6 +171,8 @@ class MainWindow(QMainWindow):
         self.debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
         self.recordings = RecordingController(self)
         self.recordings.install_menus(self.file_menu, self.view_menu)
+        # Application shortcuts work wherever the focus is (a text field's Ctrl+Z included).
+        self.shortcut_router = shortcuts.install(self)
         self._update_actions()
 
         # Single-shot, re-armed at each tick for when it is next needed (see the tick).
@@ -218,6 +233,9 @@ class MainWindow(QMainWindow):
         self.events_panel = EventsPanel()
         self.events_panel.selection_made.connect(self._on_view_selection_made)
 
+        # The left docks reach the bottom of the window: the step trace (bottom area) opens
+        # under the plots only, not under Events (which it squeezed to 1.5 rows at 1280x800).
+        self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.layers_dock = self._dock("Layers", "layers", layers)
         self.settings_dock = self._dock("Run settings", "settings", self.settings_panel)
         self.events_dock = self._dock("Events", "events", self.events_panel)
@@ -289,7 +307,9 @@ class MainWindow(QMainWindow):
                                               "Ctrl+0")
         self.expand_action = self._action("&Expand module tree", self.tree_view.expandAll)
         self.collapse_action = self._action("&Collapse module tree", self._collapse_tree)
-        self.about_action = self._action("&About GradScope", lambda: show_about(self), "F1")
+        self.about_action = self._action("&About GradScope", lambda: show_about(self))
+        self.shortcuts_action = self._action("&Keyboard shortcuts", self.show_shortcuts, "F1",
+                                             tip="Every keyboard shortcut of the window")
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
@@ -323,6 +343,7 @@ class MainWindow(QMainWindow):
         view_menu.addAction(self.expand_action)
         view_menu.addAction(self.collapse_action)
         help_menu = bar.addMenu("&Help")
+        help_menu.addAction(self.shortcuts_action)
         help_menu.addAction(self.about_action)
 
     def _build_toolbar(self) -> None:
@@ -349,8 +370,9 @@ class MainWindow(QMainWindow):
         self.step_label = QLabel("step: -")
         self.rate_label = QLabel("steps/s: -")
         self.loss_label = QLabel("loss: -")
-        for label in (self.state_label, self.device_label, self.step_label, self.rate_label,
-                      self.loss_label):
+        self.progress_label = QLabel("")
+        for label in (self.state_label, self.progress_label, self.device_label,
+                      self.step_label, self.rate_label, self.loss_label):
             label.setStyleSheet("padding: 0 8px;")
             bar.addPermanentWidget(label)
         self._set_state("empty")
@@ -358,18 +380,27 @@ class MainWindow(QMainWindow):
     # -- public commands -----------------------------------------------------------------
     def open_model(self, source: str, overrides: dict[str, Any] | None = None,
                    weights: str | None = None, *, run_after_load: bool = False) -> None:
-        """Load ``source`` (a .py path or torchvision name) in the run thread."""
+        """Load ``source`` (a .py path or torchvision name) in the run thread. The model
+        loaded now stays until the new one has loaded (a failed open keeps it)."""
+        if self._before_load is None:
+            self._before_load = (self.source, self.weights, self.state,
+                                 self.model_label.text())
         self.source = source
         self.weights = weights
-        merged = dict(self._persisted_overrides(source)) if self.persist else {}
-        merged.update(overrides or {})
+        # The script's values and CONFIG win: what the user changed last time is offered in
+        # the settings panel, never applied silently (samples must reproduce their failure).
+        merged = dict(overrides or {})
         self._run_after_load = run_after_load
+        defaults = dict(APP_DEFAULTS)
+        self._cpu_defaults = not source.endswith(".py") and not cuda_devices()
+        if self._cpu_defaults:
+            defaults.update(CPU_TORCHVISION_DEFAULTS)
         self._set_state("loading")
         self.model_label.setText(Path(source).name if source.endswith(".py") else source)
-        self.run_thread.load(LoadRequest(source, merged, weights, defaults=APP_DEFAULTS))
+        self.run_thread.load(LoadRequest(source, merged, weights, defaults=defaults))
 
     def run(self) -> None:
-        if self.state in ("empty", "loading", "running") or self.source is None:
+        if self.state in ("empty", "loading", "running", "recording") or self.source is None:
             return
         if self.state in ("stopped", "failed"):
             self.restart(run_after_load=True)
@@ -383,7 +414,8 @@ class MainWindow(QMainWindow):
             self._set_state("running")
 
     def step(self) -> None:
-        if self.state in ("empty", "loading", "running", "stopped", "failed"):
+        if self.state in ("empty", "loading", "running", "stopped", "failed", "recording") \
+                or self.loaded is None:
             return
         if self.run_thread.run(1):
             self.selected_step = None
@@ -392,11 +424,13 @@ class MainWindow(QMainWindow):
     def pause(self) -> None:
         if self.state == "running":
             self.run_thread.pause()
+            self._show_ending("pausing")
 
     def stop(self) -> None:
         if self.state == "running":
             self.run_thread.stop()
-        elif self.state in ("ready", "paused", "halted", "done"):
+            self._show_ending("stopping")
+        elif self.state in ("ready", "paused", "halted", "done", "step_failed"):
             self._set_state("stopped")
 
     def restart(self, run_after_load: bool = False) -> None:
@@ -406,6 +440,11 @@ class MainWindow(QMainWindow):
         overrides = settings.to_dict()
         overrides["layers"] = self.tree_model.watched_layers() if self.tree_model.tree else None
         self.open_model(self.source, overrides, self.weights, run_after_load=run_after_load)
+
+    def show_shortcuts(self) -> shortcuts.ShortcutsDialog:
+        dialog = shortcuts.ShortcutsDialog(self)
+        dialog.open()
+        return dialog
 
     def follow_latest(self) -> None:
         self.selected_step = None
@@ -501,7 +540,10 @@ class MainWindow(QMainWindow):
         self._origin_shown = False
         self.selected_step = None
         self._show_tree(tree, list(history.layer_names))
+        self.debugger.show_recording(history.first_nonfinite)
         self.settings_panel.set_settings(settings, running=settings)
+        self.settings_panel.set_read_only(True)
+        self.settings_panel.set_notes([])
         self.setWindowTitle(f"GradScope — {display_name}")
         self.model_label.setText(display_name)
         self.device_label.setText("device: -")
@@ -512,6 +554,7 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_worker_model_loaded(self, payload: ModelLoaded) -> None:
         self.run_thread.mark_idle()
+        self._before_load = None
         self.loaded = payload
         self.history = RunHistory()
         self._rate.clear()
@@ -519,8 +562,19 @@ class MainWindow(QMainWindow):
         self.selected_step = None
         self._show_tree(payload.tree, [layer.name for layer in payload.layers])
         self._loaded_settings = payload.settings
+        self.settings_trail = SettingsTrail(payload.settings)
+        self.settings_panel.set_read_only(False)
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
         self.settings_panel.set_layers(payload.settings.layers)
+        last = self._persisted_overrides(payload.source) if self.persist else {}
+        self.settings_panel.set_script_defaults(payload.script_settings, last)
+        notes = list(payload.notes)
+        if self._cpu_defaults:
+            notes.insert(0, "No GPU here: torchvision models start with a CPU-friendly image "
+                            f"size ({CPU_TORCHVISION_DEFAULTS['image_size']}, or what the model "
+                            f"needs) and batch ({CPU_TORCHVISION_DEFAULTS['batch_size']}); "
+                            "raise them and Restart for the usual 224.")
+        self.settings_panel.set_notes(notes)
         self.setWindowTitle(f"GradScope — {payload.display_name}")
         self.model_label.setText(payload.display_name)
         self.device_label.setText(f"device: {payload.device}")
@@ -549,6 +603,11 @@ class MainWindow(QMainWindow):
                 [(r.result.step, r.result.loss, r.result.stats, r.result.origin)
                  for r in records],
                 first.layer_names, first.layer_types, first.layer_params)
+            for record in records:  # a what-if while paused shows in Events
+                change = self.settings_trail.note(int(record.result.step), record.settings)
+                if change is not None:
+                    self.history.events.append(
+                        Event(int(record.result.step), "settings", None, change))
         self._rate.append((time.perf_counter(), self.history.count))
         self._dirty = True
 
@@ -556,15 +615,18 @@ class MainWindow(QMainWindow):
     def _on_worker_run_paused(self, payload: RunPaused) -> None:
         self.run_thread.mark_idle()
         if self.loaded is None:
+            if self.state == "running":  # a live run's end, after a recording was opened
+                self._set_state("recording" if self.recordings.reader else "empty")
             return
         if self.state == "loading":
             # A run stopped because another model is being opened: that load decides.
             self.run_thread.busy = True
             self.run_paused.emit(payload)
             return
-        state = {"nonfinite": "halted", "stopped": "stopped", "failed": "paused",
-                 "completed": "done"}.get(
-            payload.reason, "paused")
+        state = {"nonfinite": "halted", "stopped": "stopped", "failed": "step_failed",
+                 "completed": "done"}.get(payload.reason, "paused")
+        if state == "done" and self.history.count < self.settings_panel.settings().steps:
+            state = "paused"  # a Step, or Apply, is not the end of the run
         if self.state == "failed":
             state = "failed"
         self._set_state(state)
@@ -580,8 +642,15 @@ class MainWindow(QMainWindow):
         if payload.stage == "load":
             self.run_thread.mark_idle()
             self._run_after_load = False
-            self.loaded = None
-            self._set_state("failed")
+            before, self._before_load = self._before_load, None
+            if self.loaded is not None and before is not None:
+                # The model loaded before stays, with its name and its run.
+                self.source, self.weights, state, label = before
+                self.model_label.setText(label)
+                self._set_state("paused" if state in ("running", "loading") else state)
+            else:
+                self.loaded = None
+                self._set_state("failed")
         title = {"load": "The model could not be loaded", "step": "The step failed",
                  "settings": "The settings could not be applied"}.get(payload.stage, "Error")
         if self.error_dialog is not None:
@@ -628,6 +697,8 @@ class MainWindow(QMainWindow):
 
     def _on_refresh_timer_timeout(self) -> None:
         try:
+            if self.state == "running":
+                self._show_step_progress()
             self._redraw_if_due()
         finally:
             self._arm_refresh_timer()
@@ -803,6 +874,24 @@ class MainWindow(QMainWindow):
             return None
         return (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
 
+    def _show_ending(self, how: str) -> None:
+        """At once, while the run ends after its current step (seconds on a big model):
+        "Pausing after this step…", and Pause and Stop cannot be pressed again."""
+        text, color = _STATE_TEXT[how]
+        self.state_label.setText(f"<b style='color:{color}'>{text}</b>")
+        self.pause_action.setEnabled(False)
+        if how == "stopping":
+            self.stop_action.setEnabled(False)
+        self._show_step_progress()
+
+    def _show_step_progress(self) -> None:
+        """Where a long step stands (forward/backward, by module), read from the worker."""
+        snapshot = self.run_thread.worker.progress.snapshot() \
+            if self.state == "running" else None
+        text = snapshot.describe() if snapshot is not None and snapshot.seconds >= 1 else ""
+        if self.progress_label.text() != text:
+            self.progress_label.setText(text)
+
     def _set_state(self, state: str) -> None:
         was_running = self.state == "running"
         self.state = state
@@ -812,6 +901,9 @@ class MainWindow(QMainWindow):
             self._schedule_next_refresh()
             if self._dirty and self._paint_cpu_from is None:
                 self._arm_refresh_timer()
+        self._show_step_progress()
+        # While a model loads, its settings are not known yet: nothing to edit.
+        self.settings_panel.setEnabled(state != "loading")
         text, color = _STATE_TEXT[state]
         if state == "halted":
             color = STATUS_COLORS[3]
@@ -822,13 +914,18 @@ class MainWindow(QMainWindow):
         state = self.state
         has_model = self.source is not None
         self.run_action.setEnabled(has_model and state in ("ready", "paused", "halted", "done",
-                                                           "stopped", "failed", "before_apply"))
+                                                           "stopped", "failed", "before_apply",
+                                                           "step_failed"))
         self.run_action.setText(
-            "&Continue" if state in ("paused", "halted", "before_apply") else "&Run")
+            "&Continue" if state in ("paused", "halted", "before_apply", "step_failed")
+            else "&Run")
         self.pause_action.setEnabled(state == "running")
-        self.step_action.setEnabled(state in ("ready", "paused", "halted", "done", "before_apply"))
-        self.stop_action.setEnabled(state in ("running", "paused", "halted", "done",
-                                              "before_apply"))
+        self.step_action.setEnabled(
+            has_model and state in ("ready", "paused", "halted", "done", "before_apply",
+                                    "step_failed"))
+        self.stop_action.setEnabled(has_model and state in ("running", "paused", "halted",
+                                                            "done", "before_apply",
+                                                            "step_failed"))
         self.restart_action.setEnabled(has_model and state != "loading")
         self.export_png_action.setEnabled(self.history.count > 0 or state != "empty")
         self.export_csv_action.setEnabled(True)
@@ -891,13 +988,14 @@ class MainWindow(QMainWindow):
         return data
 
     def _persist_overrides(self, source: str, settings: RunSettings) -> None:
-        """Remember the settings the user changed for this model (on top of its CONFIG)."""
-        base = self._loaded_settings
-        assert base is not None
-        stored = self._persisted_overrides(source)
-        for name in SETTING_NAMES:
-            if name != "layers" and getattr(settings, name) != getattr(base, name):
-                stored[name] = getattr(settings, name)
+        """Remember the settings the user changed for this model (against its script's
+        values), to offer them the next time it is opened."""
+        loaded = self.loaded
+        base = loaded.script_settings if loaded is not None else None
+        if base is None:
+            return
+        stored = {name: getattr(settings, name) for name in SETTING_NAMES
+                  if name != "layers" and getattr(settings, name) != getattr(base, name)}
         self.preferences.setValue(self._overrides_key(source), json.dumps(stored))
 
     def restore_geometry(self) -> bool:
@@ -915,6 +1013,12 @@ class MainWindow(QMainWindow):
             self.preferences.setValue("window/state", self.saveState())
             self.preferences.sync()
         self.refresh_timer.stop()
+        app = QApplication.instance()
+        if app is not None:
+            app.removeEventFilter(self.shortcut_router)
+        # The window goes at once; a long step going on is abandoned at its next module
+        # boundary (shutdown), not waited for.
+        self.hide()
         self.run_thread.shutdown()
         # after the run thread: no step can arrive for the recording any more
         self.recordings.close()

@@ -26,13 +26,14 @@ from gradscope.core.watch import STATUS_NONFINITE, STATUS_OK
 from gradscope.gui.status_style import (
     ORIGIN_COLOR,
     ORIGIN_TINT,
-    STATUS_LABELS,
     STATUS_TINTS,
     format_value,
     inside_icon,
     origin_icon,
+    severity,
     status_color,
     status_icon,
+    status_label,
 )
 
 NAME, TYPE, PARAMS, GRAD_NORM, STATUS = range(5)
@@ -127,7 +128,8 @@ class ModuleTreeModel(QAbstractItemModel):
             worst = _NO_STATUS
             for child in self._nodes[i].children:
                 c = self._id[id(child)]
-                worst = max(worst, inside[c], statuses.get(child.name, _NO_STATUS))
+                worst = max(worst, inside[c], statuses.get(child.name, _NO_STATUS),
+                            key=severity)
             inside[i] = worst
         self._inside = inside
         self._changed_everywhere(NAME, STATUS)
@@ -287,10 +289,10 @@ class ModuleTreeModel(QAbstractItemModel):
             if is_origin:
                 return f"{self._origin_kind} origin"
             if own != _NO_STATUS:
-                return STATUS_LABELS[own]
+                return status_label(own)
             inside = self._inside[self._id[id(node)]]
             if inside > STATUS_OK:
-                return STATUS_LABELS[inside]  # italic: somewhere inside this module
+                return status_label(inside)  # italic: somewhere inside this module
         return ""
 
     def _tooltip(self, node: ModuleNode, own: int, is_origin: bool, i: int) -> str:
@@ -299,9 +301,9 @@ class ModuleTreeModel(QAbstractItemModel):
             lines.append(f"{node.total_params:,} parameters ({node.own_params:,} own)")
         if own != _NO_STATUS:
             value = self._norm.get(node.name, math.nan)
-            lines.append(f"gradient norm {format_value(value)}: {STATUS_LABELS[own]}")
+            lines.append(f"gradient norm {format_value(value)}: {status_label(own)}")
         elif self._inside[i] > STATUS_OK:
-            lines.append(f"a layer inside is {STATUS_LABELS[self._inside[i]]}")
+            lines.append(f"a layer inside is {status_label(self._inside[i])}")
         if is_origin:
             lines.append(f"first non-finite value made here: {self._origin_text}")
         return "\n".join(lines)

@@ -17,17 +17,37 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPen
 from PySide6.QtWidgets import QGraphicsItem
 
 # Below the ViewBox (z -100 in its PlotItem), so the grid is under the data.
 _BEHIND_DATA_Z = -150
 
 
+def _abbreviate(part: str) -> str:
+    """``denseblock4`` -> ``den4``, ``encoder_layer_11`` -> ``enc11``, ``0`` -> ``0``: a
+    path component's first letters and its index, which tells sibling blocks apart."""
+    letters = "".join(c for c in part if not c.isdigit()).strip("_")
+    digits = "".join(c for c in part if c.isdigit())
+    return (letters[:3] + digits) or part
+
+
 def elide(name: str, limit: int = 26) -> str:
-    """A layer name shortened from the left to ``limit`` characters; the root is "(model)"."""
+    """A layer name in at most ``limit`` characters; the root is "(model)". The last
+    component stays whole and every block index stays: the components before it are
+    abbreviated from the left (``features.denseblock4.denselayer16.conv2`` ->
+    ``fea.den4.den16.conv2``); only what still does not fit is cut from the left."""
     name = name or "(model)"
-    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+    if len(name) <= limit:
+        return name
+    parts = name.split(".")
+    for i in range(len(parts) - 1):
+        parts[i] = _abbreviate(parts[i])
+        shortened = ".".join(parts)
+        if len(shortened) <= limit:
+            return shortened
+    shortened = ".".join(parts)
+    return shortened if len(shortened) <= limit else "…" + shortened[-(limit - 1):]
 
 
 def opaque_over(color: QColor, background: QColor) -> QColor:
@@ -42,8 +62,48 @@ def opaque_over(color: QColor, background: QColor) -> QColor:
     )
 
 
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def tick_text(value: float) -> str:
+    """A tick label, the same on every axis of the app: ``0.05``, ``250``, and powers of
+    ten as ``5·10¹⁰`` (linear axes wrote ``5e+10`` beside log axes' ``5·10¹⁰``)."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    if 1e-3 <= abs(value) < 1e4:
+        return f"{value:.4g}"
+    mantissa, exponent = f"{value:.2e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    power = "10" + str(int(exponent)).translate(_SUPERSCRIPT)
+    if mantissa in ("1", "-1"):
+        return power if mantissa == "1" else "-" + power
+    return f"{mantissa}·{power}"
+
+
 class GridAxis(pg.AxisItem):
-    """An axis whose ticks and grid lines are opaque, drawn behind the plot's data."""
+    """An axis whose ticks and grid lines are opaque, drawn behind the plot's data, with
+    the app's tick labels (:func:`tick_text`)."""
+
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        if self.logMode:
+            return self.logTickStrings(values, scale, spacing)
+        # Round away float noise of the tick positions (0.30000000000000004).
+        digits = max(0, -math.floor(math.log10(spacing * scale))) + 1 if spacing > 0 else 6
+        return [tick_text(round(v * scale, digits) if abs(v * scale) < 1e4 else v * scale)
+                for v in values]
+
+    def logTickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        # Over more than a decade, only the powers of ten are labelled: the 2..9 minor ticks
+        # of every decade crowded into unreadable stacks ("0.1 0.09 0.08...").
+        low, high = sorted(self.range)
+        decades = high - low
+        labels = []
+        for v in values:
+            if decades > 1.2 and abs(v - round(v)) > 1e-6:
+                labels.append("")
+            else:
+                labels.append(tick_text(10 ** v * scale))
+        return labels
 
     def __init__(self, orientation: str) -> None:
         super().__init__(orientation)
@@ -88,7 +148,16 @@ class LayerAxis(GridAxis):
     def __init__(self, orientation: str = "left") -> None:
         super().__init__(orientation)
         self.names: list[str] = []
-        self.setStyle(tickFont=QFont("", 8))
+        font = QFont()  # the application's family (an empty family name gives a serif)
+        font.setPointSize(8)
+        self.setStyle(tickFont=font)
+
+    def needed_width(self) -> int:
+        """Pixels the longest (elided) name needs, with the tick and its spacing."""
+        if not self.names:
+            return 0
+        metrics = QFontMetrics(self.style.get("tickFont") or QFont())
+        return max(metrics.horizontalAdvance(elide(name)) for name in self.names) + 14
 
     def tickValues(self, minVal: float, maxVal: float, size: float) -> list:
         if not self.names:

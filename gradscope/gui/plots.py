@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
@@ -31,15 +31,21 @@ from gradscope.gui.status_style import (
 )
 
 _HOVER_PIXELS = 9
-_LEGEND_MAX = 12
+_LEGEND_MAX = 8  # entries: with more layers, the selected and the first ones, then "+N more"
 HEATMAP_MAX_COLUMNS = 2000
 _DOTS_UP_TO = 40
 # More ticked layers than this: one connect-array curve per colour instead of one per layer.
 _GROUPED_ABOVE = 40
 _EDGE_LEGEND = "\x00edge"
 _LEFT_AXIS_WIDTH = 64
-_MISSING_COLOR = (236, 236, 236, 255)
+_MISSING_COLOR = (200, 200, 200, 255)
 _NONFINITE_RGBA = (214, 39, 40, 255)
+# An exact zero gradient is not a small one: white, outside the colour scale (its lowest
+# colour would read as "small but flowing").
+ZERO_RGBA = (255, 255, 255, 255)
+# The layer-name axis of the heatmap (and the gradient-norm plot's, kept as wide so that
+# their step axes line up) grows with the names, within these bounds.
+_MAX_LEFT_AXIS_WIDTH = 170
 _VIRIDIS = pg.colormap.get("viridis")
 _VIRIDIS_LUT = _VIRIDIS.getLookupTable(0.0, 1.0, 256, alpha=True)
 
@@ -107,13 +113,13 @@ def _finite_log_range(matrix: np.ndarray, low_high: tuple[float, float]) -> tupl
 
 
 def _colorize(matrix: np.ndarray, low: float, high: float) -> np.ndarray:
-    """RGBA of heatmap cells: viridis over log10 in [low, high], the lowest colour for 0,
-    light grey for MISSING, red for NaN/Inf."""
+    """RGBA of heatmap cells: viridis over log10 in [low, high], white for 0, grey for
+    MISSING, red for NaN/Inf."""
     lut = _VIRIDIS_LUT
     logged = log10_display(matrix)
     scaled = np.clip((np.nan_to_num(logged, nan=low) - low) / (high - low), 0, 1)
     rgba = lut[(scaled * 255).astype(np.intp)]
-    rgba[matrix == 0] = lut[0]
+    rgba[matrix == 0] = ZERO_RGBA
     rgba[matrix == MISSING] = _MISSING_COLOR
     rgba[~np.isfinite(matrix)] = _NONFINITE_RGBA
     return rgba
@@ -318,11 +324,11 @@ class GradientNormPlot(QWidget):
         self.item.getAxis("left").setWidth(_LEFT_AXIS_WIDTH)
         self.item.setClipToView(True)
         self.item.setDownsampling(ds=True, auto=True, mode="peak")
-        self.legend = pg.LegendItem(offset=(10, 24), labelTextSize="8pt")
-        self.legend.setParentItem(self.item.vb)
-        self.legend.setBrush(pg.mkBrush(255, 255, 255, 205))
-        self.legend.setPen(pg.mkPen(200, 200, 200))
+        # Under the step axis, not over the curves (it hid the data), in columns.
+        self.legend = pg.LegendItem(labelTextSize="8pt", colCount=1, verSpacing=-6)
+        self.item.layout.addItem(self.legend, 4, 1)
         self._legend_names: list[str] = []
+        self._legend_more = pg.PlotDataItem(pen=None)  # the sample of the "+N more" entry
         # One curve per layer while few are ticked; with more, the unselected ones are drawn
         # by one curve per colour (a ``connect`` array separates the layers), peak-downsampled
         # to the view here, and only the selected layer keeps its own curve.
@@ -446,9 +452,28 @@ class GradientNormPlot(QWidget):
         curve.setData(self._steps, logged, connect="finite", symbol="o" if few else None,
                       symbolSize=4, symbolBrush=color, symbolPen=None)
 
+    def resizeEvent(self, event: object) -> None:
+        super().resizeEvent(event)
+        self._fit_legend_columns()
+
     def _on_view_range_changed(self, *_: object) -> None:
+        self._fit_legend_columns()
         if not self._hold:
             self._redraw_view_dependent()
+
+    def _fit_legend_columns(self) -> None:
+        # As many columns as the plot's width holds: a legend wider than the plot would
+        # widen the whole plot past its view (the right part cut off).
+        font = QFont()
+        font.setPointSize(8)
+        metrics = QFontMetrics(font)
+        widest = max((metrics.horizontalAdvance(label.text) + 34
+                      for _, label in self.legend.items), default=150)
+        # The view's width, not the plot item's: a legend too wide has already widened that.
+        available = self.widget.viewport().width() - self.item.getAxis("left").width() - 16
+        columns = max(1, int(available // max(widest, 60)))
+        if columns != self.legend.columnCount:
+            self.legend.setColumnCount(columns)
 
     def hold(self, holding: bool) -> None:
         """While the panel moves the view for a refresh, draw nothing (the refresh does)."""
@@ -567,19 +592,34 @@ class GradientNormPlot(QWidget):
         self._edge_points = data
 
     def _update_legend(self, visible: list[str]) -> None:
-        shown = visible[:_LEGEND_MAX] if len(visible) <= _LEGEND_MAX else []
+        # Many layers: the selected one and the first others, then how many more (hovering
+        # a curve names it); the legend no longer disappears.
+        shown = list(visible)
+        more = 0
+        if len(shown) > _LEGEND_MAX:
+            first = [self._selected] if self._selected in shown else []
+            shown = first + [n for n in shown if n not in first][: _LEGEND_MAX - 1 - len(first)]
+            more = len(visible) - len(shown)
         if self._edge_points:
             shown = [*shown, _EDGE_LEGEND]
-        if shown == self._legend_names:
+        key = [*shown, more]
+        if key == self._legend_names:
             return
         self.legend.clear()
         for name in shown:
-            if name == _EDGE_LEGEND:
-                self.legend.addItem(self.markers, "NaN/Inf (top edge), 0 (bottom)")
-            else:
-                self.legend.addItem(self._layer_curve(name), elide(name, 30))
-        self._legend_names = shown
+            if name != _EDGE_LEGEND:
+                # A sample item of the layer's colour, not its curve: with many layers the
+                # curves are grouped, and a layer's own curve must not be made for it.
+                sample = pg.PlotDataItem(pen=pg.mkPen(self._colors.get(name, QColor("#1f77b4")),
+                                                      width=1.5))
+                self.legend.addItem(sample, elide(name, 22))
+        if more:
+            self.legend.addItem(self._legend_more, f"+{more} more")
+        if _EDGE_LEGEND in shown:
+            self.legend.addItem(self.markers, "NaN/Inf top, 0 bottom")
+        self._legend_names = key
         self.legend.setVisible(bool(shown))
+        self._fit_legend_columns()
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
         previous, self._selected = self._selected, layer
@@ -670,6 +710,12 @@ class GradientNormPlot(QWidget):
         name, step, value = found
         self.hover_text = f"{name or '(model)'}\nstep {step}\n‖grad‖ = {format_value(value)}"
         self.hover.setText(self.hover_text)
+        # On the side of the cursor where the label has room: below it in the upper part
+        # of the plot, left of it in the right part (it was clipped at the top and right).
+        rect = self.item.vb.sceneBoundingRect()
+        right = scene_pos.x() > rect.left() + rect.width() * 0.6
+        upper = scene_pos.y() < rect.top() + rect.height() * 0.4
+        self.hover.setAnchor((1 if right else 0, 0 if upper else 1))
         self.hover.setPos(self.item.vb.mapSceneToView(scene_pos))
         self.hover.setVisible(True)
 
@@ -780,16 +826,16 @@ class HeatmapPlot(QWidget):
         self._colored_rows = 0
         self._shown = np.zeros((0, 0), dtype=np.float32)
         self._rgba = np.zeros((0, 0, 4), dtype=np.uint8)
-        self.widget = _plot_widget("log10 gradient norm, layers × steps (red: NaN/Inf)",
-                                   grid_x=False, grid_y=False)
+        self.axis = LayerAxis("left")
+        self.widget = _plot_widget(
+            "log10 ‖grad‖ (red: NaN/Inf, white: 0)",
+            grid_x=False, grid_y=False, left=self.axis)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.widget)
         self.item = self.widget.getPlotItem()
         self.item.setLabel("bottom", "step")
-        self.item.setLabel("left", "layer (forward order)")
-        self.item.getAxis("left").setStyle(showValues=False)
-        self.item.getAxis("left").setWidth(_LEFT_AXIS_WIDTH)
+        self.axis.setWidth(_LEFT_AXIS_WIDTH)
         self.item.vb.invertY(True)
         self.image = pg.ImageItem(axisOrder="col-major")
         self.item.addItem(self.image)
@@ -819,6 +865,10 @@ class HeatmapPlot(QWidget):
         history = view.history
         order = [name for name in view.order if history.has_layer(name)]
         self._order = order
+        if self.axis.names != order:
+            self.axis.names = order
+            self.axis.picture = None
+            self.axis.update()
         if not order or history.count == 0:
             self.image.clear()
             self._key = None
@@ -929,7 +979,11 @@ class GradientFlowPlot(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
+        # Its rows are the heatmap's, which names them on its left: no second name column
+        # (it took the chart's width at 1280x800 and cut its title and bars).
         self.axis = LayerAxis("left")
+        self.axis.setStyle(showValues=False)
+        self.axis.setWidth(8)
         self.widget = _plot_widget("Gradient flow", grid_y=False, left=self.axis)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -1121,10 +1175,19 @@ class PlotPanel(QWidget):
         self.loss.refresh(view)
         self.heatmap.refresh(view)
         self.flow.refresh(view)
+        self._fit_left_axes()
         # Settle the auto-ranges now: done in the paint, a range change asks for a second
         # paint of the plot (and of the plots linked to it).
         for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
             plot.item.vb.prepareForPaint()
+
+    def _fit_left_axes(self) -> None:
+        """The heatmap's layer names fit; the gradient-norm plot above keeps the same left
+        axis width, so that the two step axes line up."""
+        width = min(_MAX_LEFT_AXIS_WIDTH, max(_LEFT_AXIS_WIDTH, self.heatmap.axis.needed_width()))
+        for axis in (self.heatmap.axis, self.gradient_norm.item.getAxis("left")):
+            if axis.width() != width:
+                axis.setWidth(width)
 
     def _fit_shared_axes(self, view: PlotView) -> None:
         history = view.history
@@ -1170,8 +1233,14 @@ class PlotPanel(QWidget):
             self.flow.refresh(self._last_view)
 
     def clear(self) -> None:
+        """Forget the last model or recording: its curves and its zoom (a new one starts
+        fitted; an old zoom can leave its steps out of view, blank plots)."""
         self.gradient_norm.clear()
         self._last_view = None
+        self._fitted.clear()
+        self.follow_range = True
+        for plot in (self.gradient_norm, self.loss):
+            plot.item.enableAutoRange(axis="y")
 
     def auto_range(self) -> None:
         self.follow_range = True

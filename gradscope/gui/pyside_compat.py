@@ -37,6 +37,11 @@ def leaks_none_references() -> bool:
     return lost >= _PROBE_CALLS * 3 // 4
 
 
+def is_guarded() -> bool:
+    """The guard raised the singletons' counts in this process."""
+    return _guarded
+
+
 def guard_singletons() -> bool:
     """Make None, True and False effectively immortal if this PySide6 needs it; True when
     the guard is (or already was) in place."""

@@ -19,6 +19,7 @@ from gradscope.core.module_tree import ModuleTree
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.core.watch import LayerInfo
 from gradscope.gui.dialogs import ErrorDialog
+from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.worker import ModelLoaded, StepsFinished
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class RecordingController(QObject):
         self.writer: RecordingWriter | None = None
         self.reader: RecordingReader | None = None
         self._layers: tuple[tuple[str, ...], list[LayerInfo]] = ((), [])
+        self._settings_trail: SettingsTrail | None = None
+        self._to_record: ModelLoaded | None = None  # loaded, recorded from its first step
 
         self.open_action = window._action(
             "Open &recording…", self._on_open_action_triggered, "Ctrl+Shift+R",
@@ -109,6 +112,13 @@ class RecordingController(QObject):
     def _on_window_model_loaded(self, payload: ModelLoaded) -> None:
         self._stop_following()
         self.close_writer()
+        # The file is made with the first step: opening a model and not running it (every
+        # launch does) leaves no empty recording behind.
+        self._to_record = payload
+        self._settings_trail = SettingsTrail(payload.settings)
+        self.label.setText("")
+
+    def _start_writer(self, payload: ModelLoaded) -> None:
         if not self.record_action.isChecked():
             return
         from gradscope.core.recording import RecordingWriter
@@ -137,6 +147,9 @@ class RecordingController(QObject):
 
     @Slot(object)
     def _on_worker_steps_finished(self, payload: StepsFinished) -> None:
+        if self._to_record is not None and self.window.state != "recording":
+            loaded, self._to_record = self._to_record, None
+            self._start_writer(loaded)
         writer = self.writer
         if writer is None:
             return
@@ -146,12 +159,19 @@ class RecordingController(QObject):
                 continue
             layers = self._layer_infos(record.layer_names, record.layer_types,
                                        record.layer_params)
-            writer.append(result.stats, layers, loss=result.loss, origin=result.origin)
+            # A settings change (a what-if while paused) is part of the record, at the first
+            # step that ran with it.
+            trail = self._settings_trail
+            change = trail.note(int(result.step), record.settings) if trail else None
+            writer.append(result.stats, layers, loss=result.loss, origin=result.origin,
+                          notes=[("settings", change)] if change else ())
 
     @Slot(int)
     def _on_debugger_rewound(self, step: int) -> None:
         if self.writer is not None:
             self.writer.rewind_to(step)
+            if self._settings_trail is not None:
+                self._settings_trail.rewind(step)
 
     def close_writer(self) -> None:
         if self.writer is not None:
@@ -167,12 +187,15 @@ class RecordingController(QObject):
             self.preferences.setValue("recording/enabled", "true" if checked else "false")
         if not checked:
             self.close_writer()
+            self._to_record = None
 
     # -- opening and following ---------------------------------------------------------
     def open_recording(self, path: str | os.PathLike[str]) -> bool:
         """Show a recording in the window; follow it while a writer is still at it."""
         from gradscope.core.recording import RecordingReader
 
+        if self.writer is not None and Path(path).resolve() == self.writer.path.resolve():
+            self.close_writer()  # the run it records: everything written before it is read
         try:
             reader = RecordingReader(path)
             tree, history = reader.load(max_rows=FIRST_VIEW_ROWS)
@@ -184,6 +207,7 @@ class RecordingController(QObject):
             return False
         self._stop_following()
         self.close_writer()
+        self._to_record = None
         self.reader = reader
         if tree is None:
             tree = _flat_tree(history)

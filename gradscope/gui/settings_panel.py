@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QPushButton,
     QScrollArea,
     QSpinBox,
     QVBoxLayout,
@@ -80,6 +81,25 @@ class NumberEdit(QLineEdit):
         if ok and value != self._value:
             self._value = value
             self.value_edited.emit()
+
+
+def _describe(values: dict[str, object]) -> str:
+    return ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in values.items())
+
+
+def _describe_names(names: set[str], order: dict[str, object]) -> str:
+    return ", ".join(name.replace("_", " ") for name in order if name in names)
+
+
+class _WheelOnlyWhenFocused(QObject):
+    """Spin boxes and combo boxes take the mouse wheel only once the user clicked into them:
+    scrolling the panel over them (to reach a field below) must not change values."""
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Wheel and not watched.hasFocus():
+            event.ignore()  # the scroll area behind scrolls instead
+            return True
+        return False
 
 
 class SettingsPanel(QScrollArea):
@@ -168,12 +188,62 @@ class SettingsPanel(QScrollArea):
             form.addRow("", self.trace)
         if self.rewind_depth is not None:
             form.addRow("Rewind depth", self.rewind_depth)
+        self.model_notes = QLabel("")
+        self.model_notes.setWordWrap(True)
+        self.model_notes.setStyleSheet("color: #a05a00;")
+        self.model_notes.hide()
+        outer.insertWidget(0, self.model_notes)
+        self.read_only_note = QLabel("The settings the recorded run started with (read-only); "
+                                     "changes during the run are listed in Events.")
+        self.read_only_note.setWordWrap(True)
+        self.read_only_note.setStyleSheet("color: #444; font-weight: bold;")
+        self.read_only_note.hide()
+        outer.insertWidget(0, self.read_only_note)
+        self.read_only = False
+        self.form = form
+        # Each setting's widget, for the marks of values that differ from the script's.
+        self._fields: dict[str, QWidget] = {
+            "device": self.device, "steps": self.steps, "batch_size": self.batch_size,
+            "optimizer": self.optimizer, "lr": self.lr, "momentum": self.momentum,
+            "weight_decay": self.weight_decay, "loss_scale": self.loss_scale,
+            "clip": clip_row, "seed": self.seed, "image_size": self.image_size,
+            "explode_threshold": self.explode_threshold,
+            "vanish_threshold": self.vanish_threshold, "keep_going": self.pause_at_nonfinite,
+            "update_ratio": self.update_ratio,
+        }
+        if self.trace is not None:
+            self._fields["trace"] = self.trace
+        if self.rewind_depth is not None:
+            self._fields["rewind_depth"] = self.rewind_depth
+        self._tooltips = {name: widget.toolTip() for name, widget in self._fields.items()}
+        self._script: RunSettings | None = None
+        buttons = QHBoxLayout()
+        self.reset_button = QPushButton("Reset to script defaults")
+        self.reset_button.setToolTip("Back to the values of the script's CONFIG (and the "
+                                     "app's defaults under it)")
+        self.reset_button.setEnabled(False)
+        self.reset_button.clicked.connect(self.reset_to_script)
+        buttons.addWidget(self.reset_button)
+        buttons.addStretch(1)
+        outer.addLayout(buttons)
+        self.overrides_note = QLabel("")
+        self.overrides_note.setWordWrap(True)
+        self.overrides_note.setStyleSheet("color: #1f5fb4;")
+        outer.addWidget(self.overrides_note)
+        self.last_overrides_button = QPushButton("")
+        self.last_overrides_button.setToolTip(
+            "Apply the values you changed the last time you used this model")
+        self.last_overrides_button.hide()
+        self.last_overrides_button.clicked.connect(self._on_last_overrides_button_clicked)
+        self._last_overrides: dict[str, object] = {}
+        outer.addWidget(self.last_overrides_button)
         note = QLabel(
             "Changes apply from the next step, also while paused. "
             "⟳ marks settings that take effect at the next restart (Run ▸ Restart).")
         note.setWordWrap(True)
         note.setStyleSheet("color: #666;")
         outer.addWidget(note)
+        self.edit_note = note
         self.restart_note = QLabel("")
         self.restart_note.setWordWrap(True)
         self.restart_note.setStyleSheet("color: #a05a00;")
@@ -196,8 +266,15 @@ class SettingsPanel(QScrollArea):
         for box in (self.clip_enabled, self.pause_at_nonfinite, self.update_ratio):
             box.toggled.connect(self._on_widget_edited)
         self.clip_enabled.toggled.connect(self.clip.setEnabled)
+        self._wheel_filter = _WheelOnlyWhenFocused(self)
+        for widget in (*self._spins(), self.device, self.optimizer):
+            widget.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # not WheelFocus
+            widget.installEventFilter(self._wheel_filter)
         self._running_settings: RunSettings | None = None
         self._last_emitted: RunSettings | None = None
+        # Until a model has loaded: the engine's defaults, not the widgets' minimums
+        # ("Steps 0, Image size 8" looked like the model's settings).
+        self.set_settings(RunSettings())
 
     def _fill_devices(self, cuda: list[str]) -> None:
         self.device.addItem("auto")
@@ -247,6 +324,7 @@ class SettingsPanel(QScrollArea):
             if running is not None:
                 self._running_settings = running
             self._update_restart_note()
+            self._update_override_marks()
         finally:
             self._loading = False
 
@@ -277,6 +355,100 @@ class SettingsPanel(QScrollArea):
             update_ratio=self.update_ratio.isChecked(),
         )
 
+    # -- the script's values and the user's overrides ------------------------------------
+    def set_script_defaults(self, script: RunSettings | None,
+                            last_overrides: dict[str, object] | None = None) -> None:
+        """The script's own values (its CONFIG over the app's defaults): values that differ
+        are marked as the user's. ``last_overrides``: what the user changed the last time
+        this model was used, offered (never applied by itself)."""
+        self._script = script
+        self._last_overrides = {}
+        if script is not None and last_overrides:
+            current = self.settings()
+            self._last_overrides = {name: value for name, value in last_overrides.items()
+                                    if getattr(current, name, value) != value}
+        if self._last_overrides:
+            self.last_overrides_button.setText(
+                "Use my last changes: " + _describe(self._last_overrides))
+        self.last_overrides_button.setVisible(bool(self._last_overrides))
+        self._update_override_marks()
+
+    def overridden(self) -> list[str]:
+        """The settings whose value is not the script's, in the panel's order."""
+        script = self._script
+        if script is None:
+            return []
+        current = self.settings()
+        return [name for name in self._fields if getattr(current, name) != getattr(script, name)]
+
+    def reset_to_script(self) -> None:
+        if self._script is None or self.read_only:
+            return
+        self.set_settings(dataclasses.replace(self._script, layers=self._base.layers))
+        self._on_widget_edited()
+
+    def _on_last_overrides_button_clicked(self) -> None:
+        overrides, self._last_overrides = self._last_overrides, {}
+        self.last_overrides_button.hide()
+        try:
+            settings = dataclasses.replace(self.settings(), **overrides).validated()
+        except Exception:  # stale stored values: nothing to apply
+            return
+        self.set_settings(settings)
+        self._on_widget_edited()
+
+    def _update_override_marks(self) -> None:
+        changed = set(self.overridden())
+        script = self._script
+        for name, widget in self._fields.items():
+            label = self.form.labelForField(widget)
+            mark = name in changed
+            style = "font-weight: bold; color: #1f5fb4;" if mark else ""
+            if label is not None:
+                label.setStyleSheet(style)
+            elif isinstance(widget, QCheckBox):
+                widget.setStyleSheet(style)
+            tip = self._tooltips.get(name, "")
+            if mark and script is not None:
+                value = getattr(script, name)
+                if name == "keep_going":
+                    value = "off" if value else "on"
+                tip = (tip + "\n" if tip else "") + f"changed by you; the script's value: {value}"
+            widget.setToolTip(tip)
+        self.reset_button.setEnabled(bool(changed) and not self.read_only)
+        self.overrides_note.setText(
+            f"Changed from the script (blue): {_describe_names(changed, self._fields)}"
+            if changed else "")
+
+    def set_notes(self, notes: list[str]) -> None:
+        """What the loader or the app chose for this model (an image size it needs, CPU
+        defaults), shown above the settings."""
+        self.model_notes.setText("\n".join(notes))
+        self.model_notes.setVisible(bool(notes))
+
+    def set_read_only(self, read_only: bool) -> None:
+        """Show a recorded run's settings: visible, selectable, not editable."""
+        self.read_only = read_only
+        for edit in (self.lr, self.momentum, self.weight_decay, self.loss_scale, self.clip,
+                     self.explode_threshold, self.vanish_threshold, *self._spins()):
+            edit.setReadOnly(read_only)
+        for widget in (self.device, self.optimizer, self.clip_enabled, self.pause_at_nonfinite,
+                       self.update_ratio, self.trace):
+            if widget is not None:
+                widget.setEnabled(not read_only)
+        if not read_only:
+            self.clip.setEnabled(self.clip_enabled.isChecked())
+        self.read_only_note.setVisible(read_only)
+        self.edit_note.setVisible(not read_only)
+        if read_only:
+            self.restart_note.setText("")
+
+    def _spins(self) -> list[QSpinBox]:
+        spins = [self.steps, self.batch_size, self.seed, self.image_size]
+        if self.rewind_depth is not None:
+            spins.append(self.rewind_depth)
+        return spins
+
     def set_layers(self, layers: list[str] | None) -> None:
         self._base = dataclasses.replace(self._base, layers=layers)
 
@@ -302,7 +474,7 @@ class SettingsPanel(QScrollArea):
             self._on_widget_edited()
 
     def _on_widget_edited(self) -> None:
-        if self._loading:
+        if self._loading or self.read_only:
             return
         try:
             settings = self.settings().validated()
@@ -310,6 +482,7 @@ class SettingsPanel(QScrollArea):
             return
         self._base = settings
         self._update_restart_note()
+        self._update_override_marks()
         if settings != self._last_emitted:
             self._last_emitted = settings
             self.settings_edited.emit(settings)

@@ -46,6 +46,26 @@ STATUS_LABELS = {
     STATUS_EXPLODING: "exploding",
     STATUS_NONFINITE: "NaN/Inf",
 }
+# How much a status needs attention, for "the worst inside this module": the engine numbers
+# its statuses by severity (frozen < no gradient < ok < skipped < vanishing < exploding <
+# nonfinite), so the code itself ranks them.
+
+
+def severity(status: int) -> float:
+    return float(status)
+
+
+def status_label(status: int) -> str:
+    """The app's word for a status code, including codes added to the engine later."""
+    if status in STATUS_LABELS:
+        return STATUS_LABELS[status]
+    from gradscope.core.watch import STATUS_NAMES
+
+    if 0 <= status < len(STATUS_NAMES):
+        return STATUS_NAMES[status].replace("_", " ")
+    return f"status {status}"
+
+
 ORIGIN_COLOR = "#8b0000"
 ORIGIN_TINT = "#f4a6a6"
 NONFINITE_MARKER_COLOR = STATUS_COLORS[STATUS_NONFINITE]

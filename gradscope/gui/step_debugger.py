@@ -10,6 +10,7 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QInputDialog, QLabel, QStyle
 
+from gradscope.core.history import Event
 from gradscope.core.trace import BACKWARD, TraceEvent, gradients_until
 from gradscope.gui.diagnosis_pane import DiagnosisPane
 from gradscope.gui.timeline import TraceCursor, TraceTimeline
@@ -60,6 +61,15 @@ class StepDebugger(QObject):
         self.rewind_action = window._action(
             "Re&wind…", self.ask_rewind, "Ctrl+Z", sp.SP_MediaSeekBackward,
             "Go back to before an earlier step and run again from there")
+        self.previous_event_action = window._action(
+            "Previous trace event", self.timeline.previous, "Left",
+            tip="Walk the traced step backwards")
+        self.next_event_action = window._action(
+            "Next trace event", self.timeline.next, "Right",
+            tip="Walk the traced step: forward pass, then backward")
+        self.first_nonfinite_event_action = window._action(
+            "First NaN/Inf trace event", self.timeline.jump_to_first_nonfinite, "F",
+            tip="Jump to the trace event where a NaN/Inf first appeared")
         self.memory_label = QLabel("")
         self.memory_label.setStyleSheet("padding: 0 8px;")
         window.statusBar().addPermanentWidget(self.memory_label)
@@ -79,6 +89,10 @@ class StepDebugger(QObject):
         run_menu.addAction(self.rewind_action)
         view_menu.addAction(self.trace_dock.toggleViewAction())
         view_menu.addAction(self.diagnosis_dock.toggleViewAction())
+        trace_menu = view_menu.addMenu("&Trace")
+        for action in (self.previous_event_action, self.next_event_action,
+                       self.first_nonfinite_event_action):
+            trace_menu.addAction(action)
         toolbar.insertAction(toolbar.actions()[-2], self.rewind_action)
 
     # -- commands ----------------------------------------------------------------------
@@ -87,7 +101,15 @@ class StepDebugger(QObject):
         if window.state == "before_apply" and window.run_thread.apply_pending():
             window._set_state("running")
 
+    def _live(self) -> bool:
+        """A model is loaded and shown (not a recording): Apply and Rewind act on it."""
+        window = self.window
+        return window.loaded is not None and window.state not in ("recording", "loading",
+                                                                  "empty")
+
     def ask_rewind(self) -> None:
+        if not self._live():
+            return
         if not self.rewind_steps:
             self.window.statusBar().showMessage(
                 "Nothing to rewind to: set Rewind depth in Run settings (it keeps that many "
@@ -101,7 +123,7 @@ class StepDebugger(QObject):
             self.rewind(int(choice.rsplit(" ", 1)[-1]))
 
     def rewind(self, step: int) -> bool:
-        if self.window.state == "running":
+        if self.window.state == "running" or not self._live():
             return False
         if self.window.run_thread.rewind(step):
             self.window._set_state("running")
@@ -110,12 +132,27 @@ class StepDebugger(QObject):
 
     def update_actions(self) -> None:
         state = self.window.state
-        self.apply_action.setEnabled(state == "before_apply")
-        self.rewind_action.setEnabled(
-            bool(self.rewind_steps) and state not in ("running", "loading", "empty"))
+        live = self._live()
+        traced = bool(self.timeline.events)
+        self.previous_event_action.setEnabled(traced)
+        self.next_event_action.setEnabled(traced)
+        self.first_nonfinite_event_action.setEnabled(
+            traced and self.timeline.first_nonfinite_button.isEnabled())
+        self.apply_action.setEnabled(live and state == "before_apply")
+        self.rewind_action.setEnabled(live and bool(self.rewind_steps) and state != "running")
         self.memory_label.setText(
             f"rewind: {len(self.rewind_steps)} step(s), {_megabytes(self.snapshot_bytes)}"
-            if self.rewind_steps else "")
+            if self.rewind_steps and live else "")
+
+    def show_recording(self, origin: Any) -> None:
+        """A recording replaced the live model: no trace, no rewind, its own origin."""
+        self.trace_events = []
+        self.timeline.set_events([])
+        self.flow_override = None
+        self.rewind_steps, self.snapshot_bytes = [], 0
+        self.diagnosis.show_origin(origin)
+        self._origin_shown = origin
+        self.update_actions()
 
     # -- events ------------------------------------------------------------------------
     def _on_pause_before_apply_toggled(self, checked: bool) -> None:
@@ -139,6 +176,7 @@ class StepDebugger(QObject):
             self.timeline.set_events(self.trace_events)
             if not self.trace_dock.isVisible():
                 self.trace_dock.show()
+            self.update_actions()
 
     @Slot(object)
     def _on_window_run_paused(self, payload: RunPaused) -> None:
@@ -158,7 +196,23 @@ class StepDebugger(QObject):
     @Slot(object)
     def _on_worker_run_rewound(self, payload: RunRewound) -> None:
         window = self.window
+        abandoned = window.history.first_nonfinite
+        last = int(window.history.steps[-1]) if window.history.count else payload.step - 1
         window.history.rewind_to(payload.step)
+        window.settings_trail.rewind(payload.step)
+        # The abandoned branch stays told in Events (with its first NaN/Inf, if it had one).
+        message = (f"rewound to before step {payload.step}: the abandoned branch ran steps "
+                   f"{payload.step}-{last}")
+        if abandoned is not None and abandoned.step >= payload.step:
+            message += f"; its first NaN/Inf: {abandoned.describe()}"
+        else:
+            message += "; it had no NaN/Inf"
+        window.history.events.append(Event(payload.step, "rewind", None, message))
+        window.events_panel.clear()
+        # The traced step and the diagnosis of the abandoned branch are gone with it.
+        if self.trace_events and self.trace_events[0].step >= payload.step:
+            self.trace_events = []
+            self.timeline.set_events([])
         if window.history.first_nonfinite is None:
             window.tree_model.set_origin(None)
             window._origin_shown = False
@@ -176,6 +230,12 @@ class StepDebugger(QObject):
     def _on_timeline_event_selected(self, cursor: TraceCursor) -> None:
         event = cursor.event
         window = self.window
+        if not cursor.walked:
+            # A new traced step: the flow chart shows it complete until the user walks it.
+            if self.flow_override is not None:
+                self.flow_override = None
+                window._dirty = True
+            return
         if event.phase == BACKWARD:
             self.flow_override = gradients_until(self.trace_events, cursor.index)
             self.flow_title = f"Flow at step {event.step}, event {cursor.index + 1}"

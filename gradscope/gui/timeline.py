@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QKeySequence, QPainter, QPaintEvent, QPen, QShortcut
+from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -32,6 +32,8 @@ class TraceCursor:
 
     index: int
     event: TraceEvent
+    # The user moved it (a key, a click, a button); False when a new traced step placed it.
+    walked: bool = True
 
 
 class _TickStrip(QWidget):
@@ -81,14 +83,14 @@ class _TickStrip(QWidget):
 
 
 class TraceTimeline(QWidget):
-    """Walk through a traced step. Keys: Left/Right (previous/next), Home/End, F (first
-    NaN/Inf)."""
+    """Walk through a traced step: Previous/Next, the slider (Home/End), first NaN/Inf."""
 
     event_selected = Signal(object)  # TraceCursor
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.events: list[TraceEvent] = []
+        self._placing = False
         self.ticks = _TickStrip()
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setEnabled(False)
@@ -118,15 +120,8 @@ class TraceTimeline(QWidget):
         self.previous_button.clicked.connect(self.previous)
         self.next_button.clicked.connect(self.next)
         self.first_nonfinite_button.clicked.connect(self.jump_to_first_nonfinite)
-        for key, slot in (
-            (Qt.Key.Key_Left, self.previous), (Qt.Key.Key_Right, self.next),
-            (Qt.Key.Key_Home, lambda: self.slider.setValue(0)),
-            (Qt.Key.Key_End, lambda: self.slider.setValue(self.slider.maximum())),
-            (Qt.Key.Key_F, self.jump_to_first_nonfinite),
-        ):
-            shortcut = QShortcut(QKeySequence(key), self)
-            shortcut.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-            shortcut.activated.connect(slot)
+        # Left/Right/F are the window's actions (see StepDebugger), so that they work wherever
+        # the focus is; Home/End are the slider's own keys.
         self._update_buttons()
 
     # -- public ------------------------------------------------------------------------
@@ -144,10 +139,14 @@ class TraceTimeline(QWidget):
         if start is None:
             start = next((i for i, e in enumerate(self.events) if e.phase == BACKWARD), 0)
         if self.events:
-            if self.slider.value() == start:
-                self._on_slider_value_changed(start)
-            else:
-                self.slider.setValue(start)
+            self._placing = True
+            try:
+                if self.slider.value() == start:
+                    self._on_slider_value_changed(start)
+                else:
+                    self.slider.setValue(start)
+            finally:
+                self._placing = False
         else:
             self.position_label.setText("No trace for this step")
             self.detail_label.setText("")
@@ -188,7 +187,7 @@ class TraceTimeline(QWidget):
             f"step {event.step} · event {index + 1}/{len(self.events)} · {event.phase} · {module}"
         )
         self.detail_label.setText(describe_event(event))
-        self.event_selected.emit(TraceCursor(index, event))
+        self.event_selected.emit(TraceCursor(index, event, walked=not self._placing))
 
 
 def describe_event(event: TraceEvent) -> str:

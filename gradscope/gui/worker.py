@@ -17,6 +17,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from gradscope.core.step_progress import StepAborted, StepProgress
+
 # Seconds between two batches of step results sent to the GUI while steps are fast. While a
 # fast run goes on the plots redraw about once a second (see MainWindow's refresh timer), and
 # each batch wakes the GUI thread, which then takes the GIL from this one.
@@ -46,6 +48,9 @@ class ModelLoaded:
     settings: Any  # RunSettings as the engine took them
     device: str
     notes: list[str] = field(default_factory=list)
+    # The settings the script alone gives (the app's defaults under its CONFIG, no user
+    # override): what "Reset to script defaults" goes back to.
+    script_settings: Any = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class StepRecord:
     layer_names: tuple[str, ...]
     layer_types: tuple[str, ...]
     layer_params: tuple[int, ...]
+    settings: Any = None  # the RunSettings the step ran with
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,19 @@ def describe_error(error: BaseException) -> tuple[str, list[str]]:
     return message, [line.rstrip("\n") for line in "".join(lines).splitlines()[-12:]]
 
 
+def _script_settings(loaded: Any, defaults: dict[str, Any], fallback: Any) -> Any:
+    """The run settings of ``loaded`` without the user's overrides (see ModelLoaded)."""
+    from gradscope.core.settings import settings_from_config
+
+    try:
+        settings = settings_from_config(loaded.config, settings_from_config(defaults or {}))
+    except Exception:  # the load itself succeeded with these; never fail on the marks
+        return fallback
+    if loaded.image_size is not None and loaded.image_size != settings.image_size:
+        settings = settings.replaced(image_size=loaded.image_size)
+    return settings
+
+
 class RunWorker(QObject):
     """Lives in the run thread. Slots run there; the flags and ``queue_settings`` are the
     only things the GUI thread calls directly."""
@@ -134,6 +153,10 @@ class RunWorker(QObject):
         self.gui_idle = threading.Event()
         self.gui_idle.set()
         self._layer_layout: tuple[Any, tuple, tuple, tuple] = (None, (), (), ())
+        # Module-by-module progress of long steps (read by the GUI thread), and the way to
+        # abandon a step when the app quits.
+        self.progress = StepProgress()
+        self._last_step_seconds: float | None = None
 
     # -- called from the GUI thread ------------------------------------------------------
     def queue_settings(self, settings: Any) -> None:
@@ -144,6 +167,7 @@ class RunWorker(QObject):
     def clear_flags(self) -> None:
         self.stop_requested = False
         self.pause_requested = False
+        self.progress.abort_requested = False
 
     # -- slots, in the run thread ----------------------------------------------------------
     @Slot(object)
@@ -151,12 +175,16 @@ class RunWorker(QObject):
         from gradscope.core.loading import load_with_settings
         from gradscope.core.runner import StepRunner
 
-        self._close_runner()
-        with self._lock:
-            self._pending_settings = None
+        # The model loaded now stays usable until the new one has loaded: a failed open
+        # loses nothing.
+        overrides = dict(request.overrides)
+        if "image_size" in request.defaults and "image_size" not in overrides:
+            # The model is built for its input size: a default size must reach the loader
+            # (which raises it to what the model needs).
+            overrides["image_size"] = request.defaults["image_size"]
         try:
             loaded, settings = load_with_settings(
-                request.source, request.overrides, weights=request.weights,
+                request.source, overrides, weights=request.weights,
                 defaults=request.defaults,
             )
             runner = StepRunner(loaded, settings)
@@ -164,8 +192,13 @@ class RunWorker(QObject):
             message, details = describe_error(error)
             self.run_failed.emit(RunFailed("load", message, details))
             return
+        self._close_runner()
+        with self._lock:
+            self._pending_settings = None
         self.runner = runner
+        self._last_step_seconds = None
         layers = list(runner.watch.layers) if runner.watch is not None else []
+        script_settings = _script_settings(loaded, request.defaults, runner.settings)
         self.model_loaded.emit(
             ModelLoaded(
                 source=loaded.source,
@@ -175,6 +208,7 @@ class RunWorker(QObject):
                 settings=runner.settings,
                 device=str(runner.device),
                 notes=list(loaded.notes),
+                script_settings=script_settings,
             )
         )
 
@@ -189,8 +223,11 @@ class RunWorker(QObject):
         pending: list[StepRecord] = []
         last_emit = time.perf_counter()
         reason = "completed"
-        # A halt is a breakpoint: continuing means taking the next step.
+        # A halt is a breakpoint at the run's first NaN/Inf: continuing runs on (later
+        # non-finite steps are still not applied, unless keep_going) instead of pausing again
+        # after every step.
         runner.halted = False
+        past_first_nonfinite = runner.first_nonfinite is not None
         if runner.pending_step is not None:
             # Paused before the optimizer step: Apply (or Run) applies it with the settings
             # as they are now (a clip or learning rate changed while paused counts).
@@ -219,26 +256,37 @@ class RunWorker(QObject):
                 break
             if not self.gui_idle.is_set():
                 self.gui_idle.wait(_GUI_WAIT_LIMIT)
+            progress = self.progress
+            progress.attach_if_useful(runner.model, self._last_step_seconds)
+            progress.begin(runner.step_index)
+            started = time.perf_counter()
             try:
                 if self.pause_before_apply:
                     result = runner.compute()
                 else:
                     result = runner.step()
+            except StepAborted:  # the app is quitting: the step is abandoned
+                reason = "stopped"
+                break
             except Exception as error:  # shown to the user, the app goes on
                 message, details = describe_error(error)
                 self._emit_records(pending)
                 self.run_failed.emit(RunFailed("step", message, details))
                 reason = "failed"
                 break
+            finally:
+                progress.end()
+            self._last_step_seconds = time.perf_counter() - started
             done += 1
             pending.append(self._record(result))
             now = time.perf_counter()
             if now - last_emit >= _EMIT_INTERVAL:
                 self._emit_records(pending)
                 last_emit = now
-            if runner.halted:
+            if runner.halted and not past_first_nonfinite:
                 reason = "nonfinite"
                 break
+            runner.halted = False
             if runner.pending_step is not None:
                 reason = "nonfinite" if result.nonfinite else "before_apply"
                 break
@@ -279,7 +327,7 @@ class RunWorker(QObject):
                 tuple(layer.num_params for layer in layers),
             )
         _, names, types, params = self._layer_layout
-        return StepRecord(result, names, types, params)
+        return StepRecord(result, names, types, params, self.runner.settings)
 
     def _emit_records(self, pending: list[StepRecord]) -> None:
         if pending:
@@ -309,6 +357,7 @@ class RunWorker(QObject):
         return True
 
     def _close_runner(self) -> None:
+        self.progress.detach()
         if self.runner is not None:
             self.runner.close()
             self.runner = None
@@ -384,9 +433,12 @@ class RunThread(QObject):
         self.worker.queue_settings(settings)
 
     def shutdown(self) -> None:
+        """End the thread: a long step going on is abandoned at its next module boundary
+        (the model is not used again), so that quitting does not wait for it."""
         if not self.thread.isRunning():
             return
         self.worker.stop_requested = True
+        self.worker.progress.abort()
         self.thread.quit()
         self.thread.wait()
         self.worker.close()

@@ -3,6 +3,7 @@ that no test leaves a QThread running."""
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import textwrap
@@ -172,6 +173,21 @@ def no_thread_left_running(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         thread.quit()
         thread.wait(10_000)
     assert not running, f"{len(running)} QThread(s) left running: {running}"
+
+
+@pytest.fixture(autouse=True)
+def garbage_collection_restored() -> Iterator[None]:
+    """The app turns Python's automatic collection off and freezes the heap (see
+    gradscope/gui/garbage_collection.py): hand both back after each test, so that later
+    tests, GUI or not, run with the collector as Python has it."""
+    from gradscope.gui.garbage_collection import stop_collecting
+
+    enabled = gc.isenabled()
+    yield
+    stop_collecting()
+    gc.unfreeze()
+    if enabled:
+        gc.enable()
 
 
 @pytest.fixture

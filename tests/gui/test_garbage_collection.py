@@ -106,3 +106,17 @@ def test_a_model_load_settles_the_heap(qtbot, window, scripts) -> None:
     assert gc.get_freeze_count() == 0
     open_and_wait(qtbot, window, scripts["tiny"])
     assert gc.get_freeze_count() > 0
+
+
+# The next two run in this order: the first leaves the app's collector as a window leaves it,
+# the second checks that the GUI fixtures handed garbage collection back (issue 16).
+def test_a_window_turns_collection_off_and_freezes_the_heap(qtbot, window) -> None:
+    window.garbage_collector.settle()
+    assert not gc.isenabled() and gc.get_freeze_count() > 0
+
+
+def test_the_next_test_gets_collection_back(qtbot) -> None:
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
+    qtbot.wait(600)  # the collector's timer (250 ms) would turn it off again if still running
+    assert gc.isenabled()

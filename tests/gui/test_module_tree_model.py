@@ -136,3 +136,21 @@ def test_filter_matches_name_or_type_and_keeps_ancestors() -> None:
     proxy.set_filter_text("0.2")
     block = proxy.index(0, 0, proxy.index(0, 0))
     assert proxy.data(proxy.index(0, 0, block)) == "2"
+
+
+def test_statuses_the_engine_adds_later_are_shown_by_name(qtbot) -> None:
+    # New codes come after "nonfinite" (e.g. "frozen", "no gradient"): the tree names them
+    # and a NaN/Inf inside a module still outranks them.
+    from torch import nn
+
+    from gradscope.core.module_tree import build_module_tree
+    from gradscope.core.watch import STATUS_NONFINITE
+    from gradscope.gui.module_tree_model import STATUS, ModuleTreeModel
+    from gradscope.gui.status_style import status_label
+
+    model = ModuleTreeModel()
+    model.set_tree(build_module_tree(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))), ["0", "1"])
+    model.set_step_values({"0": 0.0, "1": float("nan")}, {"0": 4, "1": STATUS_NONFINITE})
+    assert model.data(model.index_of("0", STATUS)) == status_label(4) != ""
+    assert model.data(model.index_of("", STATUS)) == "NaN/Inf"  # the worst inside the root
+    assert status_label(99) == "status 99"

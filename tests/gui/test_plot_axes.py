@@ -82,3 +82,30 @@ def test_the_grid_blends_with_its_own_view_background(qtbot) -> None:
         else:
             assert axis.background() is None
             assert any(pen.color().alpha() < 255 for pen in grid)
+
+
+def test_long_layer_names_keep_their_block_index() -> None:
+    from gradscope.gui.plot_axes import elide
+
+    assert elide("features.denseblock4.denselayer16.conv2") == "fea.den4.den16.conv2"
+    short = elide("encoder.layers.encoder_layer_11.self_attention.out_proj")
+    assert len(short) <= 26 and "11" in short and short.endswith("out_proj")
+    assert elide("layer1.0.conv1") == "layer1.0.conv1" and elide("") == "(model)"
+    # Siblings stay apart.
+    assert elide("features.denseblock3.denselayer16.conv2") != elide(
+        "features.denseblock4.denselayer16.conv2")
+
+
+def test_every_axis_writes_numbers_the_same_way(qtbot) -> None:
+    from gradscope.gui.plot_axes import GridAxis
+
+    linear = GridAxis("left")
+    assert linear.tickStrings([5e10, 1e11, 1.5e11], 1, 5e10) == ["5·10¹⁰", "10¹¹", "1.5·10¹¹"]
+    assert linear.tickStrings([0.1, 0.2, 0.30000000000000004], 1, 0.1) == ["0.1", "0.2", "0.3"]
+    log = GridAxis("left")
+    log.setLogMode(False, True)
+    log.setRange(-3, 0)  # three decades: minor ticks unlabelled
+    assert log.tickStrings([-2, -2 + 0.30103, -1], 1, 1) == ["0.01", "", "0.1"]
+    assert log.tickStrings([11, 11.477], 1, 1)[0] == "10¹¹"
+    log.setRange(-1.1, -0.9)  # within a decade: every tick has a label
+    assert log.tickStrings([-1, -1 + 0.04139], 1, 0.1) == ["0.1", "0.11"]

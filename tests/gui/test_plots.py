@@ -228,3 +228,44 @@ def test_markers_of_many_layers_at_one_step_collapse_to_one_per_kind(qtbot) -> N
     # one zero marker per step, plus one NaN marker at step 10 (not 60 x 30 + 5)
     assert len(spots) == steps + 1
     assert sum(1 for spot in spots if np.isnan(spot.data()[2])) == 1
+
+
+def test_heatmap_names_its_layers_and_gives_zero_its_own_colour(qtbot) -> None:
+    from gradscope.gui.plots import _VIRIDIS_LUT, ZERO_RGBA, HeatmapPlot
+
+    names, history, _ = _history(layers=5, steps=30)
+    heatmap = HeatmapPlot()
+    qtbot.addWidget(heatmap)
+    heatmap.resize(600, 400)
+    heatmap.show()
+    heatmap.refresh(_view(names, history))
+    axis = heatmap.item.getAxis("left")
+    values = [v for _, ticks in axis.tickValues(-0.5, 4.5, 300) for v in ticks]
+    assert axis.tickStrings(values, 1, 1) == names
+    # Step 7 has an exact zero gradient in layer (7 + 3) % 5 = 0: not the lowest colour of
+    # the scale (a small value), but a colour of its own.
+    zero = heatmap.rgba[7, 0]
+    assert history.matrix("grad_norm")[7, 0] == 0
+    assert tuple(zero) == ZERO_RGBA
+    assert not any(tuple(zero) == tuple(row) for row in _VIRIDIS_LUT)
+
+
+def test_the_legend_stays_off_the_curves_and_with_many_layers(qtbot) -> None:
+    from gradscope.gui.plots import GradientNormPlot
+
+    names, history, _ = _history(layers=20, steps=30)
+    plot = GradientNormPlot()
+    qtbot.addWidget(plot)
+    plot.resize(700, 450)
+    plot.show()
+    plot.refresh(_view(names, history, visible=names[:5]))
+    qtbot.wait(20)
+    labels = [label.text for _, label in plot.legend.items]
+    assert labels[:5] == names[:5]
+    assert not plot.legend.sceneBoundingRect().intersects(plot.item.vb.sceneBoundingRect())
+    # Twenty layers: eight entries at most, the selected one first, and how many more.
+    plot.show_selection("layer17", None)
+    plot.refresh(_view(names, history, selected="layer17"))
+    labels = [label.text for _, label in plot.legend.items]
+    assert plot.legend.isVisible()
+    assert labels[0] == "layer17" and labels[7] == "+13 more"

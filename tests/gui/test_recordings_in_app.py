@@ -43,12 +43,16 @@ def _write(tmp_path: Path, steps: int, pause: float) -> tuple[Path, subprocess.P
 
 
 def test_app_records_its_own_runs(qtbot, window, scripts) -> None:
+    before = set(runs_folder().glob("*.gsrec")) if runs_folder().exists() else set()
     with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
         window.open_model(scripts["tiny"])
-    writer = window.recordings.writer
-    assert writer is not None and writer.path.parent == runs_folder()
+    # Opening a model (every launch does) writes nothing: the recording starts with a step.
+    assert window.recordings.writer is None
+    assert (set(runs_folder().glob("*.gsrec")) if runs_folder().exists() else set()) == before
     with qtbot.waitSignal(window.run_paused, timeout=TIMEOUT):
         window.run()
+    writer = window.recordings.writer
+    assert writer is not None and writer.path.parent == runs_folder()
     path = writer.path
     window.recordings.close_writer()
     with RecordingReader(path) as reader:
@@ -103,3 +107,58 @@ def test_statistics_csv_export_from_the_app(qtbot, window, scripts, tmp_path) ->
     assert np.float32(first["grad_norm"]) == window.history.series("grad_norm", "0")[0]
     one = tmp_path / "one.csv"
     assert window.export_statistics_csv(str(one), "2") == 5
+
+
+def test_a_recording_after_a_rewind_tells_both_branches_and_the_settings(
+    qtbot, window, scripts, tmp_path
+) -> None:
+    import json
+
+    from gradscope.cli import main as cli_main
+
+    with qtbot.waitSignal(window.model_loaded, timeout=TIMEOUT):
+        window.open_model(scripts["nan"], {"rewind_depth": 5})
+    with qtbot.waitSignal(window.run_paused, timeout=TIMEOUT):
+        window.run()
+    assert window.state == "halted" and window.history.first_nonfinite.step == 2
+    path = window.recordings.writer.path
+    # A what-if: a smaller learning rate, from before the step that went wrong.
+    panel = window.settings_panel
+    panel.lr.setText("0.001")
+    panel.lr.editingFinished.emit()
+    with qtbot.waitSignal(window.debugger.rewound, timeout=TIMEOUT):
+        assert window.debugger.rewind(0)
+    qtbot.waitUntil(lambda: window.state != "running", timeout=TIMEOUT)
+    for _ in range(3):
+        with qtbot.waitSignal(window.run_paused, timeout=TIMEOUT):
+            window.step()
+    assert window.history.first_nonfinite is None  # the new branch is healthy
+    kinds = [event.kind for event in window.history.events]
+    assert "rewind" in kinds and "settings" in kinds  # the live Events list tells it too
+    window.recordings.close_writer()
+
+    with RecordingReader(path) as reader:
+        _, history = reader.load()
+    assert list(history.steps) == [0, 1, 2]
+    run_events = {event.kind: event for event in history.events
+                  if event.kind in ("settings", "rewind")}
+    rewind = run_events["rewind"]
+    assert rewind.step == 0 and "steps 0-2" in rewind.message
+    assert "its first NaN/Inf" in rewind.message and "step 2" in rewind.message
+    settings = run_events["settings"]
+    assert settings.step == 0 and "lr 0.1 -> 0.001" in settings.message
+    assert reader.settings["lr"] == 0.1  # the start settings stay the start's
+
+    # `gradscope report` states both branches and the change, not "no NaN at lr 0.1".
+    report = tmp_path / "report.json"
+    cli_main(["report", str(path), "--json", str(report)])
+    data = json.loads(report.read_text())
+    assert [e["kind"] for e in data["run_events"]] == ["settings", "rewind"] or [
+        e["kind"] for e in data["run_events"]] == ["rewind", "settings"]
+    assert data["first_nonfinite"] is None
+
+    # Opened in the app, the Events list shows them.
+    assert window.recordings.open_recording(path)
+    shown = [window.events_panel.table.item(r, 1).text()
+             for r in range(window.events_panel.table.rowCount())]
+    assert "rewound" in shown and "settings changed" in shown

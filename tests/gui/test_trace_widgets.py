@@ -90,3 +90,15 @@ def test_diagnosis_pane_opens_the_file_at_the_line(qtbot, tmp_path):
     assert "hint:" in pane.summary.text() and "module '1'" in pane.summary.text()
     pane.show_origin(None)
     assert pane.source.toPlainText() == ""
+
+
+def test_diagnosis_shows_paths_relative_to_the_working_folder(tmp_path, monkeypatch):
+    from gradscope.gui.diagnosis_pane import display_path
+
+    inside = tmp_path / "models" / "net.py"
+    monkeypatch.chdir(tmp_path)
+    assert display_path(str(inside)) == "models/net.py"
+    monkeypatch.setenv("HOME", str(tmp_path / "models"))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert display_path(str(inside)) == "~/net.py"

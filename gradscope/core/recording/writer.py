@@ -258,10 +258,13 @@ class RecordingWriter:
         *,
         loss: float | None = None,
         origin: Origin | None = None,
+        notes: Sequence[tuple[str, str]] = (),
     ) -> bool:
         """Queue one step (``layers``: the watch's ``layers``, in the order of ``stats``'s
-        arrays). ``loss`` overrides ``stats.loss``. Never waits for the disk (see the module
-        docstring for the one exception); returns False when the step was dropped."""
+        arrays). ``loss`` overrides ``stats.loss``. ``notes``: (kind, message) events of the
+        run at this step, e.g. ("settings", "lr 0.1 -> 0.01") when the settings changed
+        before it. Never waits for the disk (see the module docstring for the one
+        exception); returns False when the step was dropped."""
         if self._closed:
             raise GradScopeError(f"the recording {self.path} is closed")
         if self._failure is not None:
@@ -287,7 +290,7 @@ class RecordingWriter:
                 )
             self._wake.set()
             return False
-        pending.append((stats, layers, loss, origin, self._unreported_drops))
+        pending.append((stats, layers, loss, origin, self._unreported_drops, tuple(notes)))
         self._unreported_drops = 0
         if len(pending) >= self.commit_steps:
             self._wake.set()
@@ -448,11 +451,14 @@ class RecordingWriter:
         loss: float | None,
         origin: Origin | None,
         dropped_before: int,
+        notes: tuple[tuple[str, str], ...] = (),
     ) -> None:
         set_id, positions = self._layer_set(batch, layers)
         row = self._next_row
         self._next_row += 1
         step = int(stats.step)
+        for kind, message in notes:
+            batch.events.append((row, step, kind, None, message))
         if dropped_before:
             first = step - dropped_before
             batch.events.append(
@@ -519,9 +525,38 @@ class RecordingWriter:
             if cut_row is None:
                 connection.execute("COMMIT")
                 return
+            # What the abandoned branch was stays in the record as a "rewind" event (with its
+            # first NaN/Inf, if any), like the rewinds before it that it would delete: a
+            # report of the recording tells both branches.
+            abandoned = connection.execute(
+                "SELECT MIN(step), MAX(step), COUNT(*) FROM steps WHERE row >= ?", (cut_row,)
+            ).fetchone()
+            origin = connection.execute(
+                "SELECT message FROM events WHERE row >= ? AND kind = 'origin' ORDER BY row "
+                "LIMIT 1",
+                (cut_row,),
+            ).fetchone()
+            carried = connection.execute(
+                "SELECT step, message FROM events WHERE row >= ? AND kind = 'rewind' ORDER BY id",
+                (cut_row,),
+            ).fetchall()
             for table in _ROW_TABLES:
                 connection.execute(f"DELETE FROM {table} WHERE row >= ?", (cut_row,))
             connection.execute("INSERT INTO rewinds(step, row) VALUES (?, ?)", (step, int(cut_row)))
+            first, last, count = abandoned
+            message = (
+                f"rewound to before step {step}: the abandoned branch ran steps {first}-{last} "
+                f"({count} recorded)"
+            )
+            message += f"; its first NaN/Inf: {origin[0]}" if origin else "; it had no NaN/Inf"
+            # On the row of the new branch's first step (the step it rewound to): a follower
+            # reads it with that step, after its own rewind.
+            event_row = int(cut_row)
+            connection.executemany(
+                "INSERT INTO events(row, step, kind, layer, message) VALUES (?,?,?,?,?)",
+                [(event_row, int(s_), "rewind", None, m) for s_, m in carried]
+                + [(event_row, step, "rewind", None, message)],
+            )
             # Worst statuses and onset tracking as of the steps that remain.
             sets = {
                 set_id: np.frombuffer(blob, dtype=np.int32)

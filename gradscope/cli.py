@@ -88,6 +88,25 @@ def _run_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit with status 1 when a NaN/Inf was found",
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="train on N local processes through torch.distributed.run (DDP; gloo on CPU, "
+        "NCCL on CUDA with one GPU per process), each on its own batches",
+    )
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="with --nproc: shard the model with FSDP2 (fully_shard) instead of DDP",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --nproc: end the run, with every rank's stacks, when no rank has moved "
+        "for this long (default 300)",
+    )
     return parser
 
 
@@ -212,6 +231,14 @@ def _error_json(step: int | None, message: str, lines: Sequence[str]) -> dict[st
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.nproc is not None:
+        return _run_distributed(args)
+    if args.fsdp or args.step_timeout is not None:
+        raise GradScopeError("--fsdp and --step-timeout go with --nproc N")
+    return _run_one_process(args)
+
+
+def _run_one_process(args: argparse.Namespace) -> int:
     """Load, build, run the steps; whatever stops the run (the user's code, out of memory,
     Ctrl+C, a GradScope bug), the steps finished so far are printed and written to --json
     with an ``"error"`` saying what stopped it, and the exit code follows the contract."""
@@ -308,22 +335,7 @@ def _run(args: argparse.Namespace) -> int:
             say(scaler_line)
     origin = history.first_nonfinite
     if origin is not None:
-        from gradscope.core.diagnosis import explain
-
-        try:
-            first, *rest = explain(origin)
-        except Exception as raised:  # the run and its report stand; say what is known
-            first, rest = origin.describe(), []
-            print(
-                f"gradscope: warning: explaining the origin failed ({type(raised).__name__}: "
-                f"{raised}); this is a bug in GradScope, please report it",
-                file=sys.stderr,
-            )
-        say(f"first non-finite value: {first}")
-        for line in rest:
-            say(textwrap.fill(line, width=100, subsequent_indent="  "))
-        if runner is not None and runner.halted:
-            say("stopped before applying that step's optimizer update (--keep-going continues)")
+        _print_origin(origin, halted=runner is not None and runner.halted)
     if failure == "interrupted":
         where = " and --json hold" if args.json else " holds"
         done = f"; the summary{where} the {history.count} finished step(s)" if runner else ""
@@ -340,6 +352,137 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if code == EXIT_OK and origin is not None and args.fail_on_nonfinite:
+        return EXIT_NONFINITE
+    return code
+
+
+def _print_origin(origin: Any, *, halted: bool, rank: int | None = None) -> None:
+    """The origin's explanation (its one-line description when explaining fails)."""
+    from gradscope.core.diagnosis import explain
+
+    try:
+        first, *rest = explain(origin)
+    except Exception as raised:  # the run and its report stand; say what is known
+        first, rest = origin.describe(), []
+        print(
+            f"gradscope: warning: explaining the origin failed ({type(raised).__name__}: "
+            f"{raised}); this is a bug in GradScope, please report it",
+            file=sys.stderr,
+        )
+    where = f" (rank {rank})" if rank is not None else ""
+    say(f"first non-finite value{where}: {first}")
+    for line in rest:
+        say(textwrap.fill(line, width=100, subsequent_indent="  "))
+    if halted:
+        say("stopped before applying that step's optimizer update (--keep-going continues)")
+
+
+_FAILURE_CODES = {
+    "bad input": EXIT_BAD_INPUT,
+    "timed out": EXIT_BAD_INPUT,
+    "internal": EXIT_INTERNAL,
+    "launcher": EXIT_INTERNAL,
+    "interrupted": EXIT_INTERRUPTED,
+}
+
+
+def _run_distributed(args: argparse.Namespace) -> int:
+    """``gradscope run SOURCE --nproc N [--fsdp]``: the ranks run under torch.distributed.run;
+    this process prints rank 0's summary, each rank's losses and which rank went non-finite
+    first, and writes the JSON (``"world_size": N``, ``"ranks"``). A rank that fails or stops
+    moving ends the run with its error (and stacks); the finished steps are kept."""
+    from gradscope.core.distributed.launcher import DEFAULT_STEP_TIMEOUT, check_request, launch
+    from gradscope.core.loading import load_with_settings
+    from gradscope.core.rank_facts import rank_lines, ranks_json
+    from gradscope.core.report import (
+        build_report,
+        mixed_precision_line,
+        summary_table,
+        trace_to_json,
+        write_json,
+    )
+
+    if args.json:
+        _check_output_path(args.json, "--json")
+    step_timeout = DEFAULT_STEP_TIMEOUT if args.step_timeout is None else args.step_timeout
+    if not step_timeout > 0:
+        raise GradScopeError(f"--step-timeout must be > 0, not {args.step_timeout}")
+    # The script is loaded here first: a bad script, setting or request is one message
+    # before any process starts.
+    overrides = _overrides(args)
+    _, settings = load_with_settings(args.source, overrides, weights=args.weights)
+    check_request(settings, args.nproc, args.fsdp)
+    run = launch(
+        args.source,
+        overrides,
+        nproc=args.nproc,
+        fsdp=args.fsdp,
+        weights=args.weights,
+        step_timeout=step_timeout,
+    )
+    for rank, text in sorted(run.outputs.items()):
+        for line in text.rstrip("\n").splitlines():
+            print(f"[rank {rank}] {line}", file=sys.stderr)
+    history = run.history
+    code = _FAILURE_CODES.get(run.failure or "", EXIT_OK)
+    if args.json:
+        report = build_report(
+            run.source or args.source,
+            run.device,
+            history,
+            settings=run.settings,
+            world_size=run.world_size,
+        )
+        if report["first_nonfinite"] is not None:
+            report["first_nonfinite"]["rank"] = run.origin_rank
+        report.update(ranks_json(run.ranks))
+        if run.settings is not None and run.settings.get("trace"):
+            report["trace"] = trace_to_json(run.trace)
+        report["error"] = run.error
+        try:
+            write_json(report, args.json)
+        except OSError as written:
+            print(f"gradscope: error: cannot write {args.json}: {written}", file=sys.stderr)
+            code = max(code, EXIT_BAD_INPUT) if code != EXIT_INTERRUPTED else code
+    if run.display_name is not None:
+        engine = "FSDP2" if args.fsdp else "DDP"
+        backend = "nccl" if (run.device or "").startswith("cuda") else "gloo"
+        say(
+            f"{run.display_name} on {run.device} x {run.world_size} processes ({engine}, "
+            f"{backend}): {history.count} step(s)",
+            end="",
+        )
+        if history.count:
+            say(f", rank 0 loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
+        else:
+            say()
+        say(summary_table(history))
+        scaler_line = mixed_precision_line(history)
+        if scaler_line:
+            say(scaler_line)
+    for line in rank_lines(run.ranks):
+        say(line)
+    origin = history.first_nonfinite
+    if origin is not None:
+        _print_origin(origin, halted=run.halted, rank=run.origin_rank)
+    if run.error is not None:
+        if run.failure == "interrupted":
+            print("gradscope: interrupted", file=sys.stderr)
+        else:
+            prefix = "internal error: " if run.failure == "internal" else ""
+            print(f"gradscope: error: {prefix}{run.error['message']}", file=sys.stderr)
+            if run.failure == "internal":
+                print(f"gradscope: {_REPORT_BUG}", file=sys.stderr)
+            for line in run.error["traceback"]:
+                print(f"  {line}", file=sys.stderr)
+        if history.count:
+            print(
+                f"gradscope: the summary{' and --json hold' if args.json else ' holds'} the "
+                f"{history.count} step(s) rank 0 finished",
+                file=sys.stderr,
+            )
+    nonfinite = origin is not None or any(facts.nonfinite for facts in run.ranks)
+    if code == EXIT_OK and nonfinite and args.fail_on_nonfinite:
         return EXIT_NONFINITE
     return code
 

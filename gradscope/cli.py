@@ -526,6 +526,11 @@ def report_command(argv: Sequence[str]) -> int:
     for path, option in ((args.json, "--json"), (args.csv, "--csv")):
         if path:
             _check_output_path(path, option)
+    from gradscope.core.recording.rank_set import find_rank_set
+
+    recordings = find_rank_set(args.recording)
+    if recordings is not None:
+        return _report_rank_set(args, recordings)
     with RecordingReader(args.recording) as reader:
         _, history = reader.load()
         live = reader.is_live()
@@ -567,6 +572,75 @@ def report_command(argv: Sequence[str]) -> int:
     if args.csv:
         write_csv(history, args.csv)
     nonfinite = origin is not None or bool((history.status_matrix() == STATUS_NONFINITE).any())
+    if nonfinite and args.fail_on_nonfinite:
+        return EXIT_NONFINITE
+    return EXIT_OK
+
+
+def _report_rank_set(args: argparse.Namespace, recordings: Any) -> int:
+    """``gradscope report`` on a distributed run's per-rank recordings: rank 0's summary (the
+    statistics cover every rank), each rank's losses and which rank went non-finite first;
+    the JSON adds ``"ranks"`` and ``"first_nonfinite_rank"``, and ``first_nonfinite`` is the
+    origin a rank located (with its ``"rank"``)."""
+    from gradscope.core.rank_facts import located_origin, rank_lines, ranks_json
+    from gradscope.core.recording import write_csv
+    from gradscope.core.recording.rank_set import load_rank_set
+    from gradscope.core.report import (
+        build_report,
+        mixed_precision_line,
+        origin_to_json,
+        summary_table,
+        write_json,
+    )
+
+    loaded = load_rank_set(recordings)
+    history = loaded.primary_history
+    rank = recordings.primary_rank
+    world = recordings.world_size
+    processes = f" x {world} processes" if world is not None else ""
+    say(
+        f"{loaded.source} on {loaded.device}{processes} (rank {rank}'s recording of "
+        f"{len(recordings.paths)}): {history.count} step(s)",
+        end="",
+    )
+    if loaded.loss_recorded.any():
+        losses = history.losses[loaded.loss_recorded]
+        say(f", loss {losses[0]:.4g} -> {losses[-1]:.4g}")
+    else:
+        say()
+    for note in recordings.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if loaded.live:
+        print("note: the recordings are still being written", file=sys.stderr)
+    say(summary_table(history))
+    scaler_line = mixed_precision_line(history)
+    if scaler_line:
+        say(scaler_line)
+    for line in rank_lines(loaded.facts):
+        say(line)
+    chosen = located_origin(loaded.facts)
+    if chosen is not None:
+        say(f"first non-finite value (rank {chosen[0]}): {chosen[1].describe()}")
+    if args.json:
+        report = build_report(
+            loaded.source, loaded.device, history, settings=loaded.settings, world_size=world
+        )
+        report["loss"] = [
+            v if given else None
+            for v, given in zip(report["loss"], loaded.loss_recorded.tolist(), strict=True)
+        ]
+        if chosen is not None:
+            report["first_nonfinite"] = origin_to_json(chosen[1])
+            report["first_nonfinite"]["rank"] = chosen[0]
+        report.update(ranks_json(loaded.facts))
+        report["recordings"] = {str(r): str(p) for r, p in sorted(recordings.paths.items())}
+        try:
+            write_json(report, args.json)
+        except OSError as error:
+            raise GradScopeError(f"cannot write {args.json}: {error.strerror}") from None
+    if args.csv:
+        write_csv(history, args.csv)
+    nonfinite = chosen is not None or any(facts.nonfinite for facts in loaded.facts)
     if nonfinite and args.fail_on_nonfinite:
         return EXIT_NONFINITE
     return EXIT_OK
@@ -632,16 +706,30 @@ def open_command(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
     from gradscope.core.recording import RecordingReader
+    from gradscope.core.recording.rank_set import find_rank_set
 
+    path = args.recording
     try:
-        RecordingReader(args.recording).close()
+        recordings = find_rank_set(path)
+        if recordings is not None:
+            # A distributed run's set: the rank named, or rank 0 for the common name.
+            named = Path(path).expanduser()
+            path = str(named if named in recordings.paths.values() else recordings.primary)
+            others = ", ".join(p.name for p in recordings.paths.values() if str(p) != path)
+            print(
+                f"note: showing {Path(path).name}; the set's other ranks: {others or 'none'}",
+                file=sys.stderr,
+            )
+            for note in recordings.notes:
+                print(f"note: {note}", file=sys.stderr)
+        RecordingReader(path).close()
     except GradScopeError as error:
         _print_error(error)
         return EXIT_BAD_INPUT
     launch = _app_launcher()
     if launch is None:
         return EXIT_BAD_INPUT
-    return launch(model=None, overrides={}, screenshot=args.screenshot, recording=args.recording)
+    return launch(model=None, overrides={}, screenshot=args.screenshot, recording=path)
 
 
 def _dispatch(argv: list[str]) -> int:

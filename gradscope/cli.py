@@ -391,7 +391,12 @@ def _run_distributed(args: argparse.Namespace) -> int:
     this process prints rank 0's summary, each rank's losses and which rank went non-finite
     first, and writes the JSON (``"world_size": N``, ``"ranks"``). A rank that fails or stops
     moving ends the run with its error (and stacks); the finished steps are kept."""
-    from gradscope.core.distributed.launcher import DEFAULT_STEP_TIMEOUT, check_request, launch
+    from gradscope.core.distributed.launcher import (
+        DEFAULT_STEP_TIMEOUT,
+        DistributedRun,
+        check_request,
+        launch,
+    )
     from gradscope.core.loading import load_with_settings
     from gradscope.core.rank_facts import rank_lines, ranks_json
     from gradscope.core.report import (
@@ -407,19 +412,30 @@ def _run_distributed(args: argparse.Namespace) -> int:
     step_timeout = DEFAULT_STEP_TIMEOUT if args.step_timeout is None else args.step_timeout
     if not step_timeout > 0:
         raise GradScopeError(f"--step-timeout must be > 0, not {args.step_timeout}")
-    # The script is loaded here first: a bad script, setting or request is one message
-    # before any process starts.
-    overrides = _overrides(args)
-    _, settings = load_with_settings(args.source, overrides, weights=args.weights)
-    check_request(settings, args.nproc, args.fsdp)
-    run = launch(
-        args.source,
-        overrides,
-        nproc=args.nproc,
-        fsdp=args.fsdp,
-        weights=args.weights,
-        step_timeout=step_timeout,
-    )
+    try:
+        # The script is loaded here first: a bad script, setting or request is one message
+        # before any process starts.
+        overrides = _overrides(args)
+        _, settings = load_with_settings(args.source, overrides, weights=args.weights)
+        check_request(settings, args.nproc, args.fsdp)
+        run = launch(
+            args.source,
+            overrides,
+            nproc=args.nproc,
+            fsdp=args.fsdp,
+            weights=args.weights,
+            step_timeout=step_timeout,
+        )
+    except KeyboardInterrupt:
+        run = DistributedRun(args.nproc, failure="interrupted")
+        run.error = _error_json(None, "interrupted (Ctrl+C)", [])
+    except GradScopeError as raised:
+        run = DistributedRun(args.nproc, failure="bad input")
+        run.error = _error_json(None, raised.message, raised.details)
+    except Exception as raised:
+        run = DistributedRun(args.nproc, failure="internal")
+        message = f"{type(raised).__name__}: {raised}"
+        run.error = _error_json(None, message, _internal_traceback(raised))
     for rank, text in sorted(run.outputs.items()):
         for line in text.rstrip("\n").splitlines():
             print(f"[rank {rank}] {line}", file=sys.stderr)

@@ -194,3 +194,53 @@ def test_a_leftover_rank_file_of_another_run_is_left_out(rank_recordings, tmp_pa
     # A one-process recording is no set.
     shutil.copy(rank_recordings / "run.rank1.gsrec", tmp_path / "single.gsrec")
     assert find_rank_set(tmp_path / "single.gsrec") is None
+
+
+def test_ctrl_c_ends_the_ranks_and_keeps_the_finished_steps(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    report_path = tmp_path / "interrupted.json"
+    command = [sys.executable, "-m", "gradscope", "run", str(SCRIPT), "--nproc", "2"]
+    process = subprocess.Popen(
+        [*command, "--steps", "100000", "--json", str(report_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, RANK_FAULT="none:-1:-1"),
+    )
+    time.sleep(8)  # the ranks are up and stepping (or still starting: also fine)
+    process.send_signal(signal.SIGINT)
+    try:
+        _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    assert process.returncode == 130, err
+    report = json.loads(report_path.read_text())
+    assert report["error"]["message"] == "interrupted (Ctrl+C)"
+    assert report["world_size"] == 2 and len(report["ranks"]) == 2
+    assert {rank["state"] for rank in report["ranks"]} == {"interrupted"}
+    assert report["steps_run"] == len(report["ranks"][0]["steps"])
+    assert "gradscope: interrupted" in err
+
+
+def test_open_shows_the_named_rank_or_rank_0_of_the_set(rank_recordings, monkeypatch, capsys):
+    import gradscope.cli as cli
+
+    opened = []
+
+    def launch(**kwargs):
+        opened.append(kwargs["recording"])
+        return 0
+
+    monkeypatch.setattr(cli, "_app_launcher", lambda: launch)
+    assert main(["open", str(rank_recordings / "run.gsrec")]) == 0
+    assert main(["open", str(rank_recordings / "run.rank1.gsrec")]) == 0
+    assert opened == [
+        str(rank_recordings / "run.rank0.gsrec"),
+        str(rank_recordings / "run.rank1.gsrec"),
+    ]
+    assert "the set's other ranks: run.rank1.gsrec" in capsys.readouterr().err

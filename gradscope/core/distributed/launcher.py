@@ -81,7 +81,8 @@ def check_request(settings: Any, nproc: int, fsdp: bool) -> None:
             )
         if nproc > count:
             raise GradScopeError(
-                f"--nproc {nproc} on CUDA needs one GPU per process; {count} are visible"
+                f"--nproc {nproc} on CUDA needs one GPU per process; {count} are visible "
+                "(--device cpu runs the processes on the CPU, with gloo)"
             )
     if fsdp and settings.amp == "fp16":
         raise GradScopeError(

@@ -151,10 +151,24 @@ def rank_lines(ranks: Sequence[RankFacts]) -> list[str]:
         lines.append(text)
     broke = first_nonfinite_rank(ranks)
     if broke is not None:
-        lines.append(f"first rank to go non-finite: rank {broke}")
+        text = f"first rank to go non-finite: rank {broke}"
+        together = _own_at_first_step(ranks)
+        if len(together) > 1:
+            text += f" (ranks {', '.join(map(str, together))} each broke in the same step)"
+        lines.append(text)
     elif any(facts.nonfinite for facts in ranks):
         lines.append("first rank to go non-finite: cannot tell (every rank at once)")
     return lines
+
+
+def _own_at_first_step(ranks: Sequence[RankFacts]) -> list[int]:
+    """The ranks whose own step broke at the run's first non-finite step."""
+    firsts = [(facts.rank, facts.first_nonfinite) for facts in ranks]
+    seen = [(rank, first) for rank, first in firsts if first is not None]
+    if not seen:
+        return []
+    step = min(first[0] for _, first in seen)
+    return [rank for rank, first in seen if first[0] == step and first[1] in OWN_CAUSES]
 
 
 def _cause_words(cause: str) -> str:

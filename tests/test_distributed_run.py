@@ -244,3 +244,49 @@ def test_open_shows_the_named_rank_or_rank_0_of_the_set(rank_recordings, monkeyp
         str(rank_recordings / "run.rank1.gsrec"),
     ]
     assert "the set's other ranks: run.rank1.gsrec" in capsys.readouterr().err
+
+
+@pytest.fixture
+def one_rank_group():
+    """A torch.distributed group of this process alone (gloo), gone after the test."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_shards_each_child_that_owns_parameters_then_the_root(one_rank_group, monkeypatch):
+    """The --fsdp wrapping and steps, without the watch (whose FSDP2 support is the watch's
+    test): every module with parameters of its own, and the root, is a fully_shard unit; the
+    optimizer steps the sharded (DTensor) parameters; a NaN in the batch stops the run."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from gradscope.core.distributed.worker import DistributedStepRunner
+    from gradscope.core.loading import load_with_settings
+
+    loaded, settings = load_with_settings(str(SCRIPT), {"device": "cpu", "steps": 3})
+    runner = DistributedStepRunner(loaded, settings, rank=0, world_size=1, fsdp=True, watch=False)
+    sharded = {
+        name for name, module in runner.model.named_modules() if isinstance(module, FSDPModule)
+    }
+    assert sharded == {"", "body.0", "body.2", "head"}
+    assert all(isinstance(p, DTensor) for p in runner.model.parameters())
+    before = [p.detach().full_tensor().clone() for p in runner.model.parameters()]
+    losses = [result.loss for result in runner.run()]
+    assert len(losses) == 3 and all(loss == loss for loss in losses)
+    after = [p.detach().full_tensor() for p in runner.model.parameters()]
+    assert all(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert not runner.batch_nonfinite
+    runner.close()
+    monkeypatch.setenv("RANK_FAULT", "nan:0:1")
+    loaded, settings = load_with_settings(str(SCRIPT), {"device": "cpu", "steps": 3})
+    runner = DistributedStepRunner(loaded, settings, rank=0, world_size=1, fsdp=True, watch=False)
+    assert [result.applied for result in runner.run()] == [True, False]
+    assert runner.halted and runner.batch_nonfinite
+    runner.close()

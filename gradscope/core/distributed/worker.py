@@ -54,10 +54,11 @@ class DistributedStepRunner(StepRunner):
         rank: int,
         world_size: int,
         fsdp: bool,
+        watch: bool = True,
     ) -> None:
         self.rank, self.world_size, self.fsdp = rank, world_size, fsdp
         self.batch_nonfinite = False
-        super().__init__(loaded, settings)
+        super().__init__(loaded, settings, watch=watch)
         if rank:
             torch.manual_seed(self.settings.seed + rank)
 

@@ -402,6 +402,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
     from gradscope.core.report import (
         build_report,
         mixed_precision_line,
+        origin_to_json,
         summary_table,
         trace_to_json,
         write_json,
@@ -449,7 +450,8 @@ def _run_distributed(args: argparse.Namespace) -> int:
             settings=run.settings,
             world_size=run.world_size,
         )
-        if report["first_nonfinite"] is not None:
+        if run.origin is not None:  # also when rank 0 stopped before that step
+            report["first_nonfinite"] = origin_to_json(run.origin)
             report["first_nonfinite"]["rank"] = run.origin_rank
         report.update(ranks_json(run.ranks))
         if run.settings is not None and run.settings.get("trace"):
@@ -478,7 +480,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
             say(scaler_line)
     for line in rank_lines(run.ranks):
         say(line)
-    origin = history.first_nonfinite
+    origin = run.origin
     if origin is not None:
         _print_origin(origin, halted=run.halted, rank=run.origin_rank)
     if run.error is not None:

@@ -50,6 +50,7 @@ class DistributedRun:
     error: dict[str, Any] | None = None
     failure: str | None = None
     halted: bool = False
+    origin: Any = None  # the run's first origin (an Origin), from the rank that located it
     origin_rank: int | None = None
     outputs: dict[int, str] = field(default_factory=dict)
 
@@ -312,7 +313,7 @@ def _collect(
         run.ranks.append(facts)
     chosen = located_origin(run.ranks)
     if chosen is not None:
-        run.origin_rank = chosen[0]
+        run.origin_rank, run.origin = chosen
     _fill_history(run, ranks, chosen[1] if chosen is not None else None)
     stacks = {each.rank: _read_text(rank_stream.stacks_path(folder, each.rank)) for each in ranks}
     _settle_error(run, ranks, stacks, step_timeout, timed_out, interrupted, launcher_code, log_text)

@@ -380,6 +380,7 @@ def _print_origin(origin: Any, *, halted: bool, rank: int | None = None) -> None
 _FAILURE_CODES = {
     "bad input": EXIT_BAD_INPUT,
     "timed out": EXIT_BAD_INPUT,
+    "died": EXIT_BAD_INPUT,  # most often the out-of-memory killer
     "internal": EXIT_INTERNAL,
     "launcher": EXIT_INTERNAL,
     "interrupted": EXIT_INTERRUPTED,
@@ -440,6 +441,8 @@ def _run_distributed(args: argparse.Namespace) -> int:
     for rank, text in sorted(run.outputs.items()):
         for line in text.rstrip("\n").splitlines():
             print(f"[rank {rank}] {line}", file=sys.stderr)
+    for note in run.notes:
+        print(f"note: {note}", file=sys.stderr)
     history = run.history
     code = _FAILURE_CODES.get(run.failure or "", EXIT_OK)
     if args.json:

@@ -101,6 +101,21 @@ def test_rank_that_fails_is_named_and_the_finished_steps_are_kept(tmp_path, caps
     assert states == {0: "stopped", 1: "failed"}
 
 
+def test_rank_that_dies_without_a_word_is_named_not_the_rank_whose_peer_vanished(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("RANK_FAULT", "die:1:1")  # rank 1 is SIGKILLed in step 1's make_batch
+    report_path = tmp_path / "died.json"
+    code, _, err = run(capsys, SCRIPT, "--nproc", "2", "--steps", "3", "--json", report_path)
+    assert code == 2, err
+    assert "rank 1 died without reporting (killed by signal 9" in err
+    report = json.loads(report_path.read_text())
+    assert report["error"]["rank"] == 1 and report["error"]["step"] == 1
+    # Rank 0's own error (its peer reset the connection) is the consequence, not the cause.
+    assert {rank["rank"]: rank["state"] for rank in report["ranks"]} == {0: "stopped", 1: "died"}
+    assert report["steps"] == [0]
+
+
 def test_rank_that_hangs_is_ended_with_every_ranks_stacks(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RANK_FAULT", "hang:1:1")  # rank 1's forward sleeps at step 1
     report_path = tmp_path / "hung.json"

@@ -2,10 +2,12 @@
 
 ``RANK_FAULT=KIND:RANK:STEP`` (read when the script is loaded) puts it at that rank's step:
 ``nan`` (a NaN in that rank's batch), ``raise`` (make_batch raises), ``hang`` (the forward
-sleeps far past any step time limit). Without it the run is healthy.
+sleeps far past any step time limit), ``die`` (the process kills itself, as the out-of-memory
+killer would). Without it the run is healthy.
 """
 
 import os
+import signal
 import time
 
 import torch
@@ -59,4 +61,6 @@ def make_batch(batch_size: int, device: torch.device):
             raise ValueError(f"no data for step {step}")
         elif KIND == "hang":
             _model["it"].sleep = True
+        elif KIND == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
     return x, y

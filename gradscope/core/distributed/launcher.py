@@ -37,7 +37,7 @@ class DistributedRun:
     gradients are all-reduced, or reduced across shards), with the run's origin (the rank
     whose re-run located it); ``ranks`` each rank's facts; ``error`` the report's
     ``"error"`` (with ``"rank"``) and ``failure`` its kind: "bad input", "internal",
-    "interrupted", "timed out" or "launcher"."""
+    "interrupted", "timed out", "died" (a rank ended without a word) or "launcher"."""
 
     world_size: int
     history: RunHistory = field(default_factory=RunHistory)
@@ -53,6 +53,7 @@ class DistributedRun:
     origin: Any = None  # the run's first origin (an Origin), from the rank that located it
     origin_rank: int | None = None
     outputs: dict[int, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def free_port() -> int:
@@ -384,6 +385,8 @@ def _settle_error(
     launcher_code: int | None,
     log_text: str,
 ) -> None:
+    if not (timed_out or interrupted) and _blame_the_dead(run, ranks, log_text):
+        return
     failed = [
         each
         for each in ranks
@@ -424,19 +427,71 @@ def _settle_error(
         run.failure = "interrupted"
         return
     silent = [each for each in ranks if each.end is None]
-    if silent or launcher_code:
+    if not silent and launcher_code:
+        # Every rank reported its end: the run is whole; the launcher's own trouble after
+        # that is worth a note, not a failure.
+        run.notes.append(
+            f"torch.distributed.run exited with {launcher_code} after every rank ended"
+        )
+        return
+    if silent:
         tail = [line for line in log_text.splitlines() if line.strip()][-40:]
         if silent and all(each.pid is None for each in ranks):
             message = f"torch.distributed.run could not start the ranks (exit {launcher_code})"
         else:
             ended = [each.rank for each in silent if each.pid is not None]
             message = (
-                f"{_ranks_words(ended, len(ranks))} ended without reporting (killed, or crashed "
-                f"in native code); the launcher exited with {launcher_code}"
+                f"{_ranks_words(ended, len(ranks))} ended without reporting (killed, or "
+                f"crashed in native code); the launcher exited with {launcher_code}"
             )
         step = max((each.started for each in silent if each.started is not None), default=None)
         run.error = {"step": step, "message": message, "traceback": tail}
         run.failure = "launcher"
+
+
+def _blame_the_dead(run: DistributedRun, ranks: list[_Rank], log_text: str) -> bool:
+    """A rank that died without a word (SIGKILL from the out-of-memory killer, a crash in
+    native code) is the run's failure: the errors the others then reported (a peer that
+    reset the connection) are its consequence. The launcher ends the others with SIGTERM, so
+    a silent rank with another exit code died by itself."""
+    codes = _exit_codes(log_text)
+    dead = [
+        each
+        for each in ranks
+        if each.end is None
+        and each.pid is not None
+        and codes.get(each.rank) not in (None, -signal.SIGTERM)
+    ]
+    if not dead:
+        return False
+    first = dead[0]
+    code = codes[first.rank]
+    how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+    if code == -signal.SIGKILL:
+        how += ", as the out-of-memory killer does"
+    run.error = {
+        "step": first.started,
+        "message": f"{_ranks_words([each.rank for each in dead], len(ranks))} died without "
+        f"reporting ({how}); the other ranks were ended",
+        "traceback": [],
+        "rank": first.rank,
+    }
+    run.failure = "died"
+    dead_ranks = {each.rank for each in dead}
+    for facts in run.ranks:
+        facts.state = "died" if facts.rank in dead_ranks else "stopped"
+    return True
+
+
+_EXIT = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)"
+)
+
+
+def _exit_codes(log_text: str) -> dict[int, int]:
+    """Each failed rank's exit code (negative: the signal), from torch.distributed.run's own
+    failure summary."""
+    return {int(found["rank"]): int(found["code"]) for found in _EXIT.finditer(log_text)}
 
 
 def _ranks_words(ranks: list[int], world: int) -> str:

@@ -96,6 +96,25 @@ def _run_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit with status 1 when a NaN/Inf was found",
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="train on N local processes through torch.distributed.run (DDP; gloo on CPU, "
+        "NCCL on CUDA with one GPU per process), each on its own batches",
+    )
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="with --nproc: shard the model with FSDP2 (fully_shard) instead of DDP",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --nproc: end the run, with every rank's stacks, when no rank has moved "
+        "for this long (default 300)",
+    )
     return parser
 
 
@@ -220,6 +239,14 @@ def _error_json(step: int | None, message: str, lines: Sequence[str]) -> dict[st
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.nproc is not None:
+        return _run_distributed(args)
+    if args.fsdp or args.step_timeout is not None:
+        raise GradScopeError("--fsdp and --step-timeout go with --nproc N")
+    return _run_one_process(args)
+
+
+def _run_one_process(args: argparse.Namespace) -> int:
     """Load, build, run the steps; whatever stops the run (the user's code, out of memory,
     Ctrl+C, a GradScope bug), the steps finished so far are printed and written to --json
     with an ``"error"`` saying what stopped it, and the exit code follows the contract."""
@@ -316,22 +343,7 @@ def _run(args: argparse.Namespace) -> int:
             say(scaler_line)
     origin = history.first_nonfinite
     if origin is not None:
-        from gradscope.core.diagnosis import explain
-
-        try:
-            first, *rest = explain(origin)
-        except Exception as raised:  # the run and its report stand; say what is known
-            first, rest = origin.describe(), []
-            print(
-                f"gradscope: warning: explaining the origin failed ({type(raised).__name__}: "
-                f"{raised}); this is a bug in GradScope, please report it",
-                file=sys.stderr,
-            )
-        say(f"first non-finite value: {first}")
-        for line in rest:
-            say(textwrap.fill(line, width=100, subsequent_indent="  "))
-        if runner is not None and runner.halted:
-            say("stopped before applying that step's optimizer update (--keep-going continues)")
+        _print_origin(origin, halted=runner is not None and runner.halted)
     if failure == "interrupted":
         where = " and --json hold" if args.json else " holds"
         done = f"; the summary{where} the {history.count} finished step(s)" if runner else ""
@@ -348,6 +360,158 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if code == EXIT_OK and origin is not None and args.fail_on_nonfinite:
+        return EXIT_NONFINITE
+    return code
+
+
+def _print_origin(origin: Any, *, halted: bool, rank: int | None = None) -> None:
+    """The origin's explanation (its one-line description when explaining fails)."""
+    from gradscope.core.diagnosis import explain
+
+    try:
+        first, *rest = explain(origin)
+    except Exception as raised:  # the run and its report stand; say what is known
+        first, rest = origin.describe(), []
+        print(
+            f"gradscope: warning: explaining the origin failed ({type(raised).__name__}: "
+            f"{raised}); this is a bug in GradScope, please report it",
+            file=sys.stderr,
+        )
+    where = f" (rank {rank})" if rank is not None else ""
+    say(f"first non-finite value{where}: {first}")
+    for line in rest:
+        say(textwrap.fill(line, width=100, subsequent_indent="  "))
+    if halted:
+        say("stopped before applying that step's optimizer update (--keep-going continues)")
+
+
+_FAILURE_CODES = {
+    "bad input": EXIT_BAD_INPUT,
+    "timed out": EXIT_BAD_INPUT,
+    "died": EXIT_BAD_INPUT,  # most often the out-of-memory killer
+    "internal": EXIT_INTERNAL,
+    "launcher": EXIT_INTERNAL,
+    "interrupted": EXIT_INTERRUPTED,
+}
+
+
+def _run_distributed(args: argparse.Namespace) -> int:
+    """``gradscope run SOURCE --nproc N [--fsdp]``: the ranks run under torch.distributed.run;
+    this process prints rank 0's summary, each rank's losses and which rank went non-finite
+    first, and writes the JSON (``"world_size": N``, ``"ranks"``). A rank that fails or stops
+    moving ends the run with its error (and stacks); the finished steps are kept."""
+    from gradscope.core.distributed.launcher import (
+        DEFAULT_STEP_TIMEOUT,
+        DistributedRun,
+        check_request,
+        launch,
+    )
+    from gradscope.core.loading import load_with_settings
+    from gradscope.core.rank_facts import rank_lines, ranks_json
+    from gradscope.core.report import (
+        build_report,
+        mixed_precision_line,
+        origin_to_json,
+        summary_table,
+        trace_to_json,
+        write_json,
+    )
+
+    if args.json:
+        _check_output_path(args.json, "--json")
+    step_timeout = DEFAULT_STEP_TIMEOUT if args.step_timeout is None else args.step_timeout
+    if not step_timeout > 0:
+        raise GradScopeError(f"--step-timeout must be > 0, not {args.step_timeout}")
+    try:
+        # The script is loaded here first: a bad script, setting or request is one message
+        # before any process starts.
+        overrides = _overrides(args)
+        _, settings = load_with_settings(args.source, overrides, weights=args.weights)
+        check_request(settings, args.nproc, args.fsdp)
+        run = launch(
+            args.source,
+            overrides,
+            nproc=args.nproc,
+            fsdp=args.fsdp,
+            weights=args.weights,
+            step_timeout=step_timeout,
+        )
+    except KeyboardInterrupt:
+        run = DistributedRun(args.nproc, failure="interrupted")
+        run.error = _error_json(None, "interrupted (Ctrl+C)", [])
+    except GradScopeError as raised:
+        run = DistributedRun(args.nproc, failure="bad input")
+        run.error = _error_json(None, raised.message, raised.details)
+    except Exception as raised:
+        run = DistributedRun(args.nproc, failure="internal")
+        message = f"{type(raised).__name__}: {raised}"
+        run.error = _error_json(None, message, _internal_traceback(raised))
+    for rank, text in sorted(run.outputs.items()):
+        for line in text.rstrip("\n").splitlines():
+            print(f"[rank {rank}] {line}", file=sys.stderr)
+    for note in run.notes:
+        print(f"note: {note}", file=sys.stderr)
+    history = run.history
+    code = _FAILURE_CODES.get(run.failure or "", EXIT_OK)
+    if args.json:
+        report = build_report(
+            run.source or args.source,
+            run.device,
+            history,
+            settings=run.settings,
+            world_size=run.world_size,
+        )
+        if run.origin is not None:  # also when rank 0 stopped before that step
+            report["first_nonfinite"] = origin_to_json(run.origin)
+            report["first_nonfinite"]["rank"] = run.origin_rank
+        report.update(ranks_json(run.ranks))
+        if run.settings is not None and run.settings.get("trace"):
+            report["trace"] = trace_to_json(run.trace)
+        report["error"] = run.error
+        try:
+            write_json(report, args.json)
+        except OSError as written:
+            print(f"gradscope: error: cannot write {args.json}: {written}", file=sys.stderr)
+            code = max(code, EXIT_BAD_INPUT) if code != EXIT_INTERRUPTED else code
+    if run.display_name is not None:
+        engine = "FSDP2" if args.fsdp else "DDP"
+        backend = "nccl" if (run.device or "").startswith("cuda") else "gloo"
+        say(
+            f"{run.display_name} on {run.device} x {run.world_size} processes ({engine}, "
+            f"{backend}): {history.count} step(s)",
+            end="",
+        )
+        if history.count:
+            say(f", rank 0 loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
+        else:
+            say()
+        say(summary_table(history))
+        scaler_line = mixed_precision_line(history)
+        if scaler_line:
+            say(scaler_line)
+    for line in rank_lines(run.ranks):
+        say(line)
+    origin = run.origin
+    if origin is not None:
+        _print_origin(origin, halted=run.halted, rank=run.origin_rank)
+    if run.error is not None:
+        if run.failure == "interrupted":
+            print("gradscope: interrupted", file=sys.stderr)
+        else:
+            prefix = "internal error: " if run.failure == "internal" else ""
+            print(f"gradscope: error: {prefix}{run.error['message']}", file=sys.stderr)
+            if run.failure == "internal":
+                print(f"gradscope: {_REPORT_BUG}", file=sys.stderr)
+            for line in run.error["traceback"]:
+                print(f"  {line}", file=sys.stderr)
+        if history.count:
+            print(
+                f"gradscope: the summary{' and --json hold' if args.json else ' holds'} the "
+                f"{history.count} step(s) rank 0 finished",
+                file=sys.stderr,
+            )
+    nonfinite = origin is not None or any(facts.nonfinite for facts in run.ranks)
+    if code == EXIT_OK and nonfinite and args.fail_on_nonfinite:
         return EXIT_NONFINITE
     return code
 
@@ -392,6 +556,11 @@ def report_command(argv: Sequence[str]) -> int:
     for path, option in ((args.json, "--json"), (args.csv, "--csv")):
         if path:
             _check_output_path(path, option)
+    from gradscope.core.recording.rank_set import find_rank_set
+
+    recordings = find_rank_set(args.recording)
+    if recordings is not None:
+        return _report_rank_set(args, recordings)
     with RecordingReader(args.recording) as reader:
         _, history = reader.load()
         live = reader.is_live()
@@ -435,6 +604,75 @@ def report_command(argv: Sequence[str]) -> int:
     if args.csv:
         write_csv(history, args.csv)
     nonfinite = origin is not None or bool((history.status_matrix() == STATUS_NONFINITE).any())
+    if nonfinite and args.fail_on_nonfinite:
+        return EXIT_NONFINITE
+    return EXIT_OK
+
+
+def _report_rank_set(args: argparse.Namespace, recordings: Any) -> int:
+    """``gradscope report`` on a distributed run's per-rank recordings: rank 0's summary (the
+    statistics cover every rank), each rank's losses and which rank went non-finite first;
+    the JSON adds ``"ranks"`` and ``"first_nonfinite_rank"``, and ``first_nonfinite`` is the
+    origin a rank located (with its ``"rank"``)."""
+    from gradscope.core.rank_facts import located_origin, rank_lines, ranks_json
+    from gradscope.core.recording import write_csv
+    from gradscope.core.recording.rank_set import load_rank_set
+    from gradscope.core.report import (
+        build_report,
+        mixed_precision_line,
+        origin_to_json,
+        summary_table,
+        write_json,
+    )
+
+    loaded = load_rank_set(recordings)
+    history = loaded.primary_history
+    rank = recordings.primary_rank
+    world = recordings.world_size
+    processes = f" x {world} processes" if world is not None else ""
+    say(
+        f"{loaded.source} on {loaded.device}{processes} (rank {rank}'s recording of "
+        f"{len(recordings.paths)}): {history.count} step(s)",
+        end="",
+    )
+    if loaded.loss_recorded.any():
+        losses = history.losses[loaded.loss_recorded]
+        say(f", loss {losses[0]:.4g} -> {losses[-1]:.4g}")
+    else:
+        say()
+    for note in recordings.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if loaded.live:
+        print("note: the recordings are still being written", file=sys.stderr)
+    say(summary_table(history))
+    scaler_line = mixed_precision_line(history)
+    if scaler_line:
+        say(scaler_line)
+    for line in rank_lines(loaded.facts):
+        say(line)
+    chosen = located_origin(loaded.facts)
+    if chosen is not None:
+        say(f"first non-finite value (rank {chosen[0]}): {chosen[1].describe()}")
+    if args.json:
+        report = build_report(
+            loaded.source, loaded.device, history, settings=loaded.settings, world_size=world
+        )
+        report["loss"] = [
+            v if given else None
+            for v, given in zip(report["loss"], loaded.loss_recorded.tolist(), strict=True)
+        ]
+        if chosen is not None:
+            report["first_nonfinite"] = origin_to_json(chosen[1])
+            report["first_nonfinite"]["rank"] = chosen[0]
+        report.update(ranks_json(loaded.facts))
+        report["recordings"] = {str(r): str(p) for r, p in sorted(recordings.paths.items())}
+        try:
+            write_json(report, args.json)
+        except OSError as error:
+            raise GradScopeError(f"cannot write {args.json}: {error.strerror}") from None
+    if args.csv:
+        write_csv(history, args.csv)
+    nonfinite = chosen is not None or any(facts.nonfinite for facts in loaded.facts)
     if nonfinite and args.fail_on_nonfinite:
         return EXIT_NONFINITE
     return EXIT_OK
@@ -500,16 +738,30 @@ def open_command(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
     from gradscope.core.recording import RecordingReader
+    from gradscope.core.recording.rank_set import find_rank_set
 
+    path = args.recording
     try:
-        RecordingReader(args.recording).close()
+        recordings = find_rank_set(path)
+        if recordings is not None:
+            # A distributed run's set: the rank named, or rank 0 for the common name.
+            named = Path(path).expanduser()
+            path = str(named if named in recordings.paths.values() else recordings.primary)
+            others = ", ".join(p.name for p in recordings.paths.values() if str(p) != path)
+            print(
+                f"note: showing {Path(path).name}; the set's other ranks: {others or 'none'}",
+                file=sys.stderr,
+            )
+            for note in recordings.notes:
+                print(f"note: {note}", file=sys.stderr)
+        RecordingReader(path).close()
     except GradScopeError as error:
         _print_error(error)
         return EXIT_BAD_INPUT
     launch = _app_launcher()
     if launch is None:
         return EXIT_BAD_INPUT
-    return launch(model=None, overrides={}, screenshot=args.screenshot, recording=args.recording)
+    return launch(model=None, overrides={}, screenshot=args.screenshot, recording=path)
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -228,7 +228,7 @@ class StepRunner:
                 f"build_model() returned {type(model).__name__}, not a torch.nn.Module"
             )
         try:
-            self.model = model.to(self.device).train()
+            self.model = self.wrap_model(model.to(self.device).train())
         except torch.cuda.OutOfMemoryError:
             raise GradScopeError(f"the model does not fit in {self.device} memory") from None
         self.tree: ModuleTree = build_module_tree(self.model)
@@ -255,6 +255,11 @@ class StepRunner:
         self._user_files = [loaded.path] if loaded.path else []
         self._snapshots: list[_Snapshot] = []
         self._computed: StepResult | None = None
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """The model the steps train, before the optimizer and the watch are made: ``model``
+        itself here; a distributed runner wraps it in DDP or shards it."""
+        return model
 
     # -- configuration between steps -------------------------------------------------
     def _make_watch(self, layers: list[str] | None) -> GradientWatch:

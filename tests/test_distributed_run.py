@@ -8,11 +8,11 @@ import json
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import MODELS
 from models.rank_recording_worker import (
     NAN_RANK,
     NAN_STEP,
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch built without torch.distributed"
 )
 
-SCRIPT = MODELS / "rank_fault_model.py"
+SCRIPT = Path(__file__).parent / "models" / "rank_fault_model.py"
 
 
 def run(capsys, *argv):
@@ -69,11 +69,6 @@ def test_nproc_2_gives_each_rank_its_batch_and_names_the_rank_whose_batch_held_a
     assert "first non-finite value (rank 1)" in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the watch's FSDP2 support (DTensor gradients, gradscope/core/watch.py) is not in "
-    "yet: every rank's GradientWatch raises on DTensor weights; remove this mark when it is",
-)
 def test_nproc_2_fsdp_completes_with_per_rank_losses(tmp_path, capsys):
     report_path = tmp_path / "fsdp.json"
     code, out, err = run(
@@ -84,7 +79,7 @@ def test_nproc_2_fsdp_completes_with_per_rank_losses(tmp_path, capsys):
     assert report["world_size"] == 2 and report["error"] is None
     assert [len(rank["loss"]) for rank in report["ranks"]] == [2, 2]
     assert "FSDP2" in out
-    # The exact statistics (equal to an unsharded copy's) are the watch's to test.
+    # The exact statistics (equal to an unsharded copy's): tests/test_distributed_watch.py.
 
 
 def test_rank_that_fails_is_named_and_the_finished_steps_are_kept(tmp_path, capsys, monkeypatch):

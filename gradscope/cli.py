@@ -62,6 +62,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--vanish-threshold", type=float, help="grad norm below this is vanishing (1e-7)")
     add("--update-ratio", action="store_true", default=None, help="also measure ||dw||/||w||")
     add(
+        "--detail-every",
+        type=int,
+        metavar="K",
+        help="max |g|, weight norm and update ratio every K-th step (default 1: every step)",
+    )
+    add(
         "--keep-going",
         action="store_true",
         default=None,

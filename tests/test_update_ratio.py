@@ -66,7 +66,7 @@ def test_runner_update_ratio_is_the_weights_change(settings):
 def test_watch_api_update_ratio_with_an_optimizer_hook():
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
-    with gradscope.watch(model, update_ratio=True, optimizer=optimizer) as watch:
+    with gradscope.watch(model, update_ratio=True, optimizer=optimizer, detail_every=1) as watch:
         for _ in range(3):
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(model(torch.randn(8, 6)), torch.randn(8, 2))

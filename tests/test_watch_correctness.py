@@ -88,7 +88,7 @@ def _expected(model: nn.Module, watch: GradientWatch) -> dict[str, np.ndarray]:
 
 def test_default_layers_are_every_module_with_own_parameters():
     model = _model()
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     assert [layer.name for layer in watch.layers] == [
         "",
         "features.0",
@@ -106,7 +106,7 @@ def test_default_layers_are_every_module_with_own_parameters():
 def test_statistics_match_plain_pytorch_over_several_steps():
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     params = dict(model.named_parameters())
     for step in range(3):
         # New .grad objects every step: the watch must not hold on to the old ones.
@@ -149,7 +149,7 @@ def test_statistics_match_plain_pytorch_over_several_steps():
 
 def test_parameters_without_gradients():
     model = _model()
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     stats = watch.collect(_backward(model))
     unused = [layer.name for layer in watch.layers].index("unused")
     assert model.unused.weight.grad is None
@@ -185,7 +185,7 @@ def test_parameters_without_gradients():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_nan_inf_and_huge_values_injected(dtype):
     model = _model().to(dtype)
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     names = [layer.name for layer in watch.layers]
     x = torch.randn(4, 3, 8, 8, dtype=dtype)
     model(x).sum().backward()
@@ -220,7 +220,7 @@ def test_nan_inf_and_huge_values_injected(dtype):
 
 def test_large_finite_float32_gradient_is_exploding_not_inf():
     model = _model()
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     _backward(model)
     # Elements of 1e20: their squares overflow float32, their norm does not.
     model.out.weight.grad.fill_(1e20)
@@ -237,7 +237,7 @@ def test_large_finite_float32_gradient_is_exploding_not_inf():
 
 def test_tiny_gradients_keep_their_norm():
     model = _model()
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     _backward(model)
     model.out.weight.grad.fill_(1e-30)
     model.out.bias.grad.fill_(0.0)
@@ -253,7 +253,7 @@ def test_tiny_gradients_keep_their_norm():
 def test_half_gradients_accumulate_in_float32(dtype):
     layer = nn.Linear(1000, 100).to(dtype)
     model = nn.Sequential(layer)
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     # 1e5 elements of 300: the sum of squares (9e9) overflows float16, the norm
     # (94,868) does not and must never read Inf.
     layer.weight.grad = torch.full_like(layer.weight, 300.0)
@@ -287,7 +287,7 @@ def test_half_gradients_accumulate_in_float32(dtype):
 def test_half_gradients_from_a_real_backward():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(torch.bfloat16)
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     loss = model(torch.randn(5, 8, dtype=torch.bfloat16)).float().pow(2).mean()
     loss.backward()
     stats = watch.collect(loss)
@@ -304,7 +304,7 @@ def test_half_gradients_from_a_real_backward():
 
 def test_layer_subset_by_glob():
     model = _model()
-    watch = GradientWatch(model, layers="features.*")
+    watch = GradientWatch(model, layers="features.*", detail_every=1)
     assert [layer.name for layer in watch.layers] == ["features.0", "features.1", "features.3"]
     _backward(model)
     stats = watch.collect()
@@ -328,7 +328,7 @@ def test_layer_subset_by_glob():
 
 def test_container_selected_by_glob_covers_its_subtree():
     model = _model()
-    watch = GradientWatch(model, layers=["head", "*.3"])
+    watch = GradientWatch(model, layers=["head", "*.3"], detail_every=1)
     assert [layer.name for layer in watch.layers] == ["features.3", "head"]
     assert watch.layers[1].param_names == ("head.1.weight", "head.1.bias")
     _backward(model)
@@ -342,7 +342,7 @@ def test_tied_parameter_is_watched_once():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
     model[2].weight = model[0].weight
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     assert watch.param_names == ["0.weight", "0.bias", "2.bias"]
     assert watch.layers[1].param_names == ("0.weight", "2.bias")
     model(torch.randn(3, 4)).sum().backward()
@@ -365,7 +365,7 @@ def test_non_contiguous_and_empty_gradients():
     conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
     empty = nn.Linear(4, 0)
     model = nn.ModuleDict({"conv": conv, "empty": empty})
-    watch = GradientWatch(model)
+    watch = GradientWatch(model, detail_every=1)
     x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
     (conv(x).sum() + empty(torch.randn(2, 4)).sum()).backward()
     assert not conv.weight.grad.is_contiguous()

@@ -352,8 +352,8 @@ def test_gradient_accumulation_several_watches_and_optimizers():
     discriminator = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
     g_opt = torch.optim.SGD(generator.parameters(), lr=0.1)
     d_opt = torch.optim.Adam(discriminator.parameters(), lr=0.01)
-    g_watch = gradscope.watch(generator, update_ratio=True, optimizer=g_opt)
-    d_watch = gradscope.watch(discriminator, update_ratio=True, optimizer=[d_opt])
+    g_watch = gradscope.watch(generator, update_ratio=True, optimizer=g_opt, detail_every=1)
+    d_watch = gradscope.watch(discriminator, update_ratio=True, optimizer=[d_opt], detail_every=1)
     for _ in range(2):
         d_opt.zero_grad()
         for _micro in range(3):  # gradient accumulation: three backwards, one collect

@@ -51,6 +51,21 @@ class Event:
     message: str
 
 
+def statistic_rows(stats: StepStats) -> np.ndarray:
+    """The step's grad_norm, max_abs and weight_norm rows as float32; the statistics a step
+    without detail did not measure (None) are MISSING, never NaN."""
+    missing = np.full(len(stats.grad_norm), MISSING)
+    return _to_float32(
+        np.stack(
+            (
+                stats.grad_norm,
+                missing if stats.max_abs is None else stats.max_abs,
+                missing if stats.weight_norm is None else stats.weight_norm,
+            )
+        )
+    )
+
+
 def status_onsets(
     step: int,
     names: Sequence[str],
@@ -176,7 +191,7 @@ class RunHistory:
             self.total_grad_norm[row] = stats.total_grad_norm
             self.loss_scale[row] = stats.loss_scale or 0.0
             self.skipped[row] = stats.skipped
-            packed = _to_float32(np.stack((stats.grad_norm, stats.max_abs, stats.weight_norm)))
+            packed = statistic_rows(stats)
             self._stats["grad_norm"][row, columns] = packed[0]
             self._stats["max_abs"][row, columns] = packed[1]
             self._stats["weight_norm"][row, columns] = packed[2]
@@ -220,9 +235,9 @@ class RunHistory:
         self.total_grad_norm[rows] = [stats.total_grad_norm for stats in all_stats]
         self.loss_scale[rows] = [stats.loss_scale or 0.0 for stats in all_stats]
         self.skipped[rows] = [stats.skipped for stats in all_stats]
-        for name in ("grad_norm", "max_abs", "weight_norm"):
-            block = np.stack([getattr(stats, name) for stats in all_stats])
-            self._stats[name][rows, columns] = _to_float32(block)
+        block = np.stack([statistic_rows(stats) for stats in all_stats])
+        for k, name in enumerate(("grad_norm", "max_abs", "weight_norm")):
+            self._stats[name][rows, columns] = block[:, k]
         ratios = [stats.update_ratio for stats in all_stats]
         if all(ratio is not None for ratio in ratios):
             self._stats["update_ratio"][rows, columns] = _to_float32(np.stack(ratios))

@@ -270,6 +270,7 @@ class StepRunner:
             vanish_threshold=self.settings.vanish_threshold,
             update_ratio=self.settings.update_ratio,
             scaler=self.scaler,
+            detail_every=self.settings.detail_every,
         )
 
     def set_layers(self, layers: list[str] | None) -> None:
@@ -301,6 +302,7 @@ class StepRunner:
             self.watch.explode_threshold = settings.explode_threshold
             self.watch.vanish_threshold = settings.vanish_threshold
             self.watch.update_ratio_enabled = settings.update_ratio
+            self.watch.detail_every = settings.detail_every
             if settings.layers != old.layers:
                 self.set_layers(settings.layers)
         self.halted = False

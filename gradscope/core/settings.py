@@ -38,6 +38,9 @@ class RunSettings:
     layers: list[str] | None = None
     keep_going: bool = False
     update_ratio: bool = False
+    # max |g|, weight norm and update ratio every k-th step (1: every step; gradscope run and
+    # the app are short diagnostic runs, so every step by default).
+    detail_every: int = 1
     trace: bool = False
     rewind_depth: int = 0
     # hf: models: tokens per sequence; hf:/timm: models: config overrides (--config k=v).
@@ -72,6 +75,8 @@ class RunSettings:
             problems.append(f"loss scale must be finite, not {self.loss_scale}")
         if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
             problems.append(f"clip must be a positive max norm, not {self.clip}")
+        if self.detail_every < 1:
+            problems.append(f"detail every must be >= 1, not {self.detail_every}")
         if not 0 <= self.rewind_depth <= 1000:
             problems.append(f"rewind depth must be 0..1000, not {self.rewind_depth}")
         if self.seq_len < 1:

@@ -79,6 +79,10 @@ _TINY = {torch.float32: 1e-15, torch.float64: 1e-140}
 # Device types that take the per-tensor path (dot + aminmax) rather than the fused
 # ``_foreach_norm`` one; the tests also run the fused path on CPU by emptying this.
 _PER_TENSOR_DEVICES: tuple[str, ...] = ("cpu",)
+# Up to this many elements a tensor is "small": a CPU reads small tensors with fused
+# ``_foreach_norm`` calls, where one call's per-tensor cost (~1 µs) beats a Python-dispatched
+# BLAS call per tensor (~5 µs); above it the BLAS dot product's speed wins.
+_SMALL_NUMEL = 4096
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,9 @@ class StepStats:
     loss: float | None
     total_grad_norm: float
     grad_norm: np.ndarray
-    max_abs: np.ndarray
-    weight_norm: np.ndarray
+    # None on steps without detail (see ``GradientWatch(detail_every=...)``).
+    max_abs: np.ndarray | None
+    weight_norm: np.ndarray | None
     nan_count: np.ndarray
     inf_count: np.ndarray
     status: np.ndarray
@@ -180,6 +185,9 @@ class _Group:
     # the ranks (divided by ``replicas``, the ranks holding the same shard).
     sharded: bool = False
     replicas: int = 1
+    # Tensors of at most _SMALL_NUMEL elements: read with fused foreach calls on a CPU too
+    # (for thousands of small layers the per-tensor Python of the BLAS path dominates).
+    small: bool = False
 
     def freeze(self) -> _Group:
         self.index_array = np.asarray(self.indices, dtype=np.intp)
@@ -207,6 +215,24 @@ class _Entry:
     squared: bool = False
     interleaved: bool = False
     tiny: float = 0.0
+    # A detail step's entry also holds the weights' figures and max |g|.
+    detail: bool = True
+
+
+@dataclass
+class _Figures:
+    """One read of the device figures, placed per parameter (see ``GradientWatch._read``)."""
+
+    param_norm: np.ndarray
+    param_max: np.ndarray
+    has_grad: np.ndarray
+    detail: bool = True
+    unwatched_sq: float = 0.0
+    unwatched_bad: list[tuple[_Group, list[int]]] = field(default_factory=list)
+    imprecise: list[np.ndarray] = field(default_factory=list)
+    loss: float | None = None
+    scale: float | None = None
+    ranks: RankFacts | None = None
 
 
 def _norm_dtype(tensor: torch.Tensor) -> torch.dtype | None:
@@ -264,7 +290,12 @@ class GradientWatch:
     Thresholds classify each layer as ok, vanishing (norm below ``vanish_threshold``),
     exploding (above ``explode_threshold``) or nonfinite; a layer whose parameters got no
     gradient this step is ``no gradient``, one whose parameters are all frozen ``frozen``.
-    ``update_ratio=True`` also measures ||Δw||/||w|| of each optimizer step; pass
+    Statistics: each layer's gradient L2 norm (and each parameter's), the loss, the total
+    norm, NaN/Inf detection and the status at every step; max |g|, the weight norm and the
+    update ratio every ``detail_every``-th step (default 10; 1 for every step), and always
+    on a step that goes non-finite or changes a layer's status. Steps without detail hold
+    None there (never NaN, which means non-finite).
+    ``update_ratio=True`` also measures ||Δw||/||w|| of each (detail) optimizer step; pass
     ``optimizer`` (or a list of them) so that happens by itself (otherwise call
     :meth:`measure_update` after ``optimizer.step()``); it costs a copy of the watched
     weights and one more transfer.
@@ -315,6 +346,7 @@ class GradientWatch:
         scaler: Any = None,
         scale_collapse_below: float = 1.0,
         collectives: bool | None = None,
+        detail_every: int = 10,
         record: str | os.PathLike[str] | None = None,
         settings: Mapping[str, Any] | None = None,
         overwrite: bool = False,
@@ -331,6 +363,10 @@ class GradientWatch:
         self.max_located = int(max_located)
         self.scaler = scaler
         self.scale_collapse_below = float(scale_collapse_below)
+        if int(detail_every) < 1:
+            raise GradScopeError(f"detail_every must be >= 1, not {detail_every}")
+        self.detail_every = int(detail_every)
+        self._previous_status: np.ndarray | None = None
         if isinstance(layers, str):
             layers = [layers]
         self._layers_spec = None if layers is None else list(layers)
@@ -449,14 +485,20 @@ class GradientWatch:
     # -- grouping ---------------------------------------------------------------------
     @staticmethod
     def _group(params: Sequence[torch.Tensor], sparse_capable: set[int]) -> list[_Group]:
-        groups: dict[tuple[torch.device, torch.dtype, bool, int], _Group] = {}
+        groups: dict[tuple[torch.device, torch.dtype, bool, int, bool], _Group] = {}
         for index, p in enumerate(params):
             sparse = id(p) in sparse_capable
             copies = replicas(p) if is_sharded(p) else 0  # 0: not sharded
-            key = (p.device, p.dtype, sparse, copies)
+            small = p.numel() <= _SMALL_NUMEL
+            key = (p.device, p.dtype, sparse, copies, small)
             if key not in groups:
                 groups[key] = _Group(
-                    [], [], sparse_capable=sparse, sharded=copies > 0, replicas=max(1, copies)
+                    [],
+                    [],
+                    sparse_capable=sparse,
+                    sharded=copies > 0,
+                    replicas=max(1, copies),
+                    small=small,
                 )
             groups[key].indices.append(index)
             groups[key].params.append(p)
@@ -493,6 +535,7 @@ class GradientWatch:
         # rewound run starts a new timeline, so a NaN after it is a new episode.
         self._step = int(value)
         self._in_episode = False
+        self._previous_status = None
 
     @property
     def on_every_rank(self) -> bool:
@@ -518,18 +561,30 @@ class GradientWatch:
         """Queue every statistic's computation and the device-to-host copies; no host
         synchronisation happens here (checked on CUDA by the benchmark and tests).
 
-        Per group of parameters (same device and dtype) the device work is: gradient and
-        weight L2 figures, and max |g|, all as 0-d tensors that one ``torch.stack`` per
-        device turns into the vector that is copied to the host. On CUDA that is two fused
-        ``_foreach_norm`` launches (ord 2 over gradients and weights, ord inf over
-        gradients). On CPU, where ``_foreach_norm`` is a loop of single-threaded norms and
-        ord inf is 7x slower still, it is a BLAS dot product per tensor (sum of squares) and
-        one ``aminmax`` per gradient; sums of squares that overflow or underflow float are
-        recomputed exactly in :meth:`resolve` (rare steps only). Only parameters that have a
-        gradient are read: a frozen backbone costs nothing.
+        Every step: each gradient's L2 figure (NaN and Inf propagate into it, so it flags
+        non-finite gradients by itself). Detail steps (every ``detail_every``-th) also read
+        max |g| and the weights' L2 figures. All are 0-d tensors that one ``torch.stack``
+        per device turns into the vector copied to the host.
+
+        How a group of parameters (same device, dtype and size class) is read: on CUDA, and
+        for small tensors on a CPU, fused ``_foreach_norm`` calls (ord 2 over gradients and
+        weights, ord inf over gradients): one call for thousands of tensors, no per-tensor
+        Python. For large tensors on a CPU, where ``_foreach_norm`` is a loop of
+        single-threaded norms and ord inf is 7x slower still, a BLAS dot product per tensor
+        (sum of squares) and, on detail steps, one ``aminmax`` while it is still in cache.
+        Sums of squares that overflow or underflow float are recomputed exactly in
+        :meth:`resolve` (rare steps only). Only parameters that have a gradient are read: a
+        frozen backbone costs nothing.
         """
+        return self._launch(loss, batch, detail=self._detail_due(), facts=True)
+
+    def _detail_due(self) -> bool:
+        return self._step % self.detail_every == 0
+
+    def _launch(
+        self, loss: Any, batch: Any, *, detail: bool, facts: bool
+    ) -> list[tuple[torch.Tensor, list, Any]]:
         loss = None if loss is None else loss_from_output(loss)
-        batch_for_facts = batch
         if type(self.model) is not self._root_class:  # sharded (or re-wrapped) since
             self._bind()
         parts: dict[torch.device, list[torch.Tensor]] = {}
@@ -538,7 +593,7 @@ class GradientWatch:
         shared: list[torch.Tensor] = []
         shared_kinds: list[int] = []
         shared_layout: list[_Entry] = []
-        copy_weights = self.update_ratio_enabled
+        copy_weights = self.update_ratio_enabled and detail
         self._weights_before = [] if copy_weights else None
         for group in self._groups:
             params = group.params
@@ -553,7 +608,7 @@ class GradientWatch:
             if group.sparse_capable:
                 grads = [_values(g) for g in grads]
             if group.sharded:
-                self._launch_sharded(group, present, grads, params, shared, shared_kinds)
+                self._launch_sharded(group, grads, params, shared, shared_kinds)
                 shared_layout.append(
                     _Entry("watched", group, present, len(params), squared=True, interleaved=True)
                 )
@@ -568,10 +623,10 @@ class GradientWatch:
             device = sample.device
             pieces = parts.setdefault(device, [])
             norm_dtype = _norm_dtype(sample)
-            on_cpu = device.type in _PER_TENSOR_DEVICES
-            squared = on_cpu and sample.dtype in _DOT_DTYPES
+            per_tensor = device.type in _PER_TENSOR_DEVICES and not group.small
+            squared = per_tensor and sample.dtype in _DOT_DTYPES
             nonempty = None
-            if on_cpu:
+            if per_tensor:
                 # Gradient by gradient, so that aminmax reads it while it is still in cache.
                 for g in grads:
                     if squared and g.is_contiguous():
@@ -581,21 +636,25 @@ class GradientWatch:
                         pieces.append(torch.linalg.vector_norm(g).square())
                     else:
                         pieces.append(torch.linalg.vector_norm(g, dtype=norm_dtype))
+                    if not detail:
+                        continue
                     if g.numel():
                         pieces += torch.aminmax(g.abs() if g.is_complex() else g)
                     else:
                         pieces += (g.new_zeros((), dtype=pieces[-1].dtype),) * 2
-                if squared:
+                if detail and squared:
                     pieces += _sum_squares(params)
-                else:
+                elif detail:
                     pieces += torch._foreach_norm(params, 2, dtype=norm_dtype)
             else:
-                pieces += torch._foreach_norm(grads + params, 2, dtype=norm_dtype)
-                if group.empty:
+                pieces += torch._foreach_norm(
+                    grads + params if detail else grads, 2, dtype=norm_dtype
+                )
+                if detail and group.empty:
                     positions = present if present is not None else range(len(group.params))
                     nonempty = [k for k, i in enumerate(positions) if i not in group.empty]
                     grads = [grads[k] for k in nonempty]
-                if grads:
+                if detail and grads:
                     pieces += torch._foreach_norm(grads, float("inf"))
             layout.setdefault(device, []).append(
                 _Entry(
@@ -605,8 +664,9 @@ class GradientWatch:
                     len(params),
                     nonempty,
                     squared,
-                    interleaved=on_cpu,
+                    interleaved=per_tensor and detail,
                     tiny=_TINY[torch.float64 if sample.dtype == torch.float64 else torch.float32],
+                    detail=detail,
                 )
             )
             if copy_weights:
@@ -630,7 +690,11 @@ class GradientWatch:
                 )
                 continue
             device = grads[0].device
-            squared = device.type in _PER_TENSOR_DEVICES and grads[0].dtype in _DOT_DTYPES
+            squared = (
+                device.type in _PER_TENSOR_DEVICES
+                and not group.small
+                and grads[0].dtype in _DOT_DTYPES
+            )
             if squared:
                 figures = _sum_squares(grads)
             else:
@@ -639,7 +703,7 @@ class GradientWatch:
             layout.setdefault(device, []).append(
                 _Entry("unwatched", group, present, len(present), squared=squared)
             )
-        scale = self._scale_tensor()
+        scale = self._scale_tensor() if facts else None
         if scale is not None:
             parts.setdefault(scale.device, []).append(scale.detach().reshape(()).float())
             layout.setdefault(scale.device, []).append(_Entry("scale"))
@@ -649,17 +713,18 @@ class GradientWatch:
             parts.setdefault(device, []).append(value.real if value.is_complex() else value)
             layout.setdefault(device, []).append(_Entry("loss"))
         tails: dict[torch.device, torch.Tensor] = {}
-        if self._exchange is not None and (shared or self._rank_facts):
-            facts = self._facts(loss, batch_for_facts) if self._rank_facts else []
-            device = (shared + facts)[0].device
+        with_facts = facts and self._rank_facts
+        if self._exchange is not None and (shared or with_facts):
+            fact_pieces = self._facts(loss, batch) if with_facts else []
+            device = (shared + fact_pieces)[0].device
             reduced = self._exchange.exchange(
-                torch.stack([*shared, *facts]).to(torch.float64),
+                torch.stack([*shared, *fact_pieces]).to(torch.float64),
                 self._kinds_tensor(tuple(shared_kinds), device),
-                len(facts),
+                len(fact_pieces),
             )
             tails[device] = reduced
             layout.setdefault(device, []).extend(shared_layout)
-            if facts:
+            if fact_pieces:
                 layout[device].append(_Entry("ranks", count=self._exchange.world))
         transfers = []
         for device in layout:
@@ -679,28 +744,17 @@ class GradientWatch:
                 transfers.append((vector, layout[device], None))
         return transfers
 
-    @torch.no_grad()
-    def resolve(
-        self,
-        transfers: list,
-        *,
-        locate: Callable[[], Any] | None = None,
-        batch: Any = None,
-    ) -> StepStats:
-        """Wait for the copies queued by :meth:`launch` (the step's one synchronisation),
-        turn them into per-layer numpy statistics, find the origin of a new NaN/Inf episode
-        and hand the step to the sinks."""
+    def _read(self, transfers: list) -> _Figures:
+        """Wait for the copies (the step's one synchronisation) and place each figure at its
+        parameter: gradient norms, and on detail steps max |g| and weight norms."""
         n_params = len(self._params)
-        param_norm = np.zeros(n_params)
-        param_max = np.zeros(n_params)
+        figures = _Figures(
+            param_norm=np.zeros(n_params),
+            param_max=np.zeros(n_params),
+            has_grad=np.zeros(n_params, dtype=bool),
+        )
+        param_norm, param_max, has_grad = figures.param_norm, figures.param_max, figures.has_grad
         param_weight = self._weight_norm
-        has_grad = np.zeros(n_params, dtype=bool)
-        unwatched_sq = 0.0
-        unwatched_bad: list[tuple[_Group, list[int]]] = []
-        imprecise: list[np.ndarray] = []
-        loss_value: float | None = None
-        scale_value: float | None = None
-        rank_facts: RankFacts | None = None
         for host, entries, event in transfers:
             if event is not None:
                 event.synchronize()
@@ -708,18 +762,18 @@ class GradientWatch:
             cursor = 0
             for entry in entries:
                 if entry.kind == "loss":
-                    loss_value = float(values[cursor])
+                    figures.loss = float(values[cursor])
                     cursor += 1
                     continue
                 if entry.kind == "scale":
-                    scale_value = float(values[cursor])
+                    figures.scale = float(values[cursor])
                     cursor += 1
                     continue
                 if entry.kind == "ranks":
                     per_rank = values[cursor : cursor + FACT_SLOTS * entry.count]
                     per_rank = per_rank.reshape(entry.count, FACT_SLOTS)
                     cursor += FACT_SLOTS * entry.count
-                    rank_facts = RankFacts(
+                    figures.ranks = RankFacts(
                         loss=per_rank[:, 0],
                         loss_given=per_rank[:, 1] > 0,
                         batch_nonfinite=per_rank[:, 2] > 0,
@@ -727,7 +781,7 @@ class GradientWatch:
                     continue
                 group = entry.group
                 count = entry.count
-                if entry.interleaved:  # CPU: (figure, min, max) per gradient
+                if entry.interleaved:  # CPU detail: (figure, min, max) per gradient
                     triples = values[cursor : cursor + 3 * count].reshape(count, 3)
                     cursor += 3 * count
                     grad_figures = triples[:, 0]
@@ -737,21 +791,29 @@ class GradientWatch:
                 if entry.kind == "unwatched":
                     squares = grad_figures if entry.squared else np.square(grad_figures)
                     if np.isfinite(squares).all():
-                        unwatched_sq += float(np.sum(squares))
+                        figures.unwatched_sq += float(np.sum(squares))
                     else:  # a real NaN/Inf, or only an overflowed sum: look closer
-                        unwatched_bad.append((group, entry.present))
+                        figures.unwatched_bad.append((group, entry.present))
                     continue
                 indices = group.index_array
                 if entry.present is not None:
                     indices = indices[entry.present]
-                weights = values[cursor : cursor + count]
-                cursor += count
                 if entry.squared:
                     grad_figures = np.sqrt(grad_figures)
-                    weights = np.sqrt(weights)
                 param_norm[indices] = grad_figures
-                param_weight[indices] = weights
                 has_grad[indices] = True
+                if not entry.detail:
+                    figures.detail = False
+                    if entry.tiny:
+                        # Without max |g|: a norm this small may have lost squares that
+                        # underflowed (an exact zero needs no second look).
+                        low = (grad_figures > 0) & (grad_figures < entry.tiny)
+                        if low.any():
+                            figures.imprecise.append(indices[low])
+                    continue
+                weights = values[cursor : cursor + count]
+                cursor += count
+                param_weight[indices] = np.sqrt(weights) if entry.squared else weights
                 if entry.interleaved:
                     maxima = np.maximum(triples[:, 2], -triples[:, 1])
                 else:
@@ -764,8 +826,24 @@ class GradientWatch:
                     # Squares of elements this small underflow: the sum is not exact.
                     low = (maxima > 0) & (maxima < entry.tiny)
                     if low.any():
-                        imprecise.append(indices[low])
+                        figures.imprecise.append(indices[low])
+        return figures
 
+    @torch.no_grad()
+    def resolve(
+        self,
+        transfers: list,
+        *,
+        locate: Callable[[], Any] | None = None,
+        batch: Any = None,
+    ) -> StepStats:
+        """Wait for the copies queued by :meth:`launch` (the step's one synchronisation),
+        turn them into per-layer numpy statistics, find the origin of a new NaN/Inf episode
+        and hand the step to the sinks."""
+        figures = self._read(transfers)
+        n_params = len(self._params)
+        param_norm, param_max, has_grad = figures.param_norm, figures.param_max, figures.has_grad
+        unwatched_sq = figures.unwatched_sq
         nan_per_param = np.zeros(n_params, dtype=np.int64)
         inf_per_param = np.zeros(n_params, dtype=np.int64)
         suspicious = ~(np.isfinite(param_norm) & np.isfinite(param_max))
@@ -773,31 +851,29 @@ class GradientWatch:
             self._count_nonfinite(
                 np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
             )
-        if imprecise:
+        if figures.imprecise:
             # One host read for all of them (a vanishing step flags many parameters).
-            flagged = np.concatenate(imprecise)
+            flagged = np.concatenate(figures.imprecise)
             param_norm[flagged] = self._exact_norms([self._params[i].grad for i in flagged])
-        if unwatched_bad:
-            unwatched_sq += self._unwatched_squares(unwatched_bad)
-        if scale_value is not None:
+        if figures.unwatched_bad:
+            unwatched_sq += self._unwatched_squares(figures.unwatched_bad)
+        divisor = unwatched_divisor = 1.0
+        if figures.scale is not None:
             # Gradients still scaled by the loss scaler: the true ones are 1/scale of them.
-            divisor, unwatched_divisor = self._scale_divisors(scale_value)
+            divisor, unwatched_divisor = self._scale_divisors(figures.scale)
             with np.errstate(invalid="ignore", over="ignore"):
                 param_norm = param_norm / divisor
-                param_max = param_max / divisor
                 unwatched_sq = unwatched_sq / unwatched_divisor**2
 
         members, offsets = self._members, self._offsets
         with np.errstate(over="ignore", invalid="ignore"):
             if len(offsets):
                 grad_norm = np.sqrt(np.add.reduceat(np.square(param_norm[members]), offsets))
-                max_abs = np.maximum.reduceat(param_max[members], offsets)
-                weight_norm = np.sqrt(np.add.reduceat(np.square(param_weight[members]), offsets))
                 nan_count = np.add.reduceat(nan_per_param[members], offsets)
                 inf_count = np.add.reduceat(inf_per_param[members], offsets)
                 with_grad = np.add.reduceat(has_grad[members].astype(np.intp), offsets)
             else:
-                grad_norm = max_abs = weight_norm = np.zeros(0)
+                grad_norm = np.zeros(0)
                 nan_count = inf_count = with_grad = np.zeros(0, dtype=np.int64)
             total = float(np.sqrt(np.sum(np.square(param_norm)) + unwatched_sq))
         status = classify(
@@ -806,18 +882,39 @@ class GradientWatch:
         without = np.flatnonzero(with_grad == 0)
         if len(without):
             status[without] = self._absent_status(without)
+        loss_value = figures.loss
         loss_nonfinite = loss_value is not None and not np.isfinite(loss_value)
         unwatched_nonfinite = not np.isfinite(unwatched_sq)
         skipped = collapsed = False
-        if scale_value is not None:
+        if figures.scale is not None:
             overflowed = status == STATUS_NONFINITE
             skipped = bool(overflowed.any()) or unwatched_nonfinite
             # A finite loss whose scaled gradients overflowed: the scaler skips the step and
             # halves the scale, as designed. Below the collapse threshold it never recovers.
-            collapsed = skipped and scale_value < self.scale_collapse_below
+            collapsed = skipped and figures.scale < self.scale_collapse_below
             if skipped and not loss_nonfinite and not collapsed:
                 status[overflowed] = STATUS_SKIPPED
                 unwatched_nonfinite = False
+        # Decided from the statuses alone under sharding: every rank then takes the same
+        # decision (the second read exchanges figures); a rank's own loss could differ.
+        trouble = not self._sharded and (loss_nonfinite or unwatched_nonfinite or collapsed)
+        changed = self._previous_status is None or not np.array_equal(status, self._previous_status)
+        if not figures.detail and (trouble or changed or (status == STATUS_NONFINITE).any()):
+            # A step that goes wrong or changes status always gets the detail: read it now.
+            param_max = self._read(self._launch(None, None, detail=True, facts=False)).param_max
+            figures.detail = True
+        self._previous_status = status
+        max_abs = weight_norm = None
+        if figures.detail:
+            with np.errstate(over="ignore", invalid="ignore"):
+                param_max = param_max / divisor
+                if len(offsets):
+                    max_abs = np.maximum.reduceat(param_max[members], offsets)
+                    weight_norm = np.sqrt(
+                        np.add.reduceat(np.square(self._weight_norm[members]), offsets)
+                    )
+                else:
+                    max_abs = weight_norm = np.zeros(0)
         stats = StepStats(
             step=self._step,
             loss=loss_value,
@@ -831,10 +928,10 @@ class GradientWatch:
             param_grad_norm=param_norm,
             loss_nonfinite=loss_nonfinite,
             unwatched_nonfinite=unwatched_nonfinite,
-            loss_scale=scale_value,
+            loss_scale=figures.scale,
             skipped=skipped,
             scale_collapsed=collapsed,
-            ranks=rank_facts,
+            ranks=figures.ranks,
         )
         self._step += 1
         self.last = stats
@@ -893,7 +990,6 @@ class GradientWatch:
     @staticmethod
     def _launch_sharded(
         group: _Group,
-        present: list[int] | None,
         grads: list[torch.Tensor],
         params: list[torch.Tensor],
         shared: list[torch.Tensor],

@@ -91,7 +91,8 @@ def fsdp2_statistics(rank: int, world: int, port: int, out: str) -> None:
         nn.Linear(6, 7), nn.Tanh(), nn.Linear(7, 5), nn.LayerNorm(5), nn.Linear(5, 1)
     )
     before = copy.deepcopy(reference)
-    early = gradscope.watch(before)  # made before sharding: must follow the new parameters
+    # Made before sharding: the watch must follow the new (DTensor) parameters.
+    early = gradscope.watch(before, detail_every=1)
     for module in before:
         if next(module.parameters(), None) is not None:
             fully_shard(module)
@@ -101,8 +102,8 @@ def fsdp2_statistics(rank: int, world: int, port: int, out: str) -> None:
         if next(module.parameters(), None) is not None:
             fully_shard(module)
     fully_shard(after)
-    late = gradscope.watch(after)
-    reference_watch = gradscope.watch(reference, collectives=False)
+    late = gradscope.watch(after, detail_every=1)
+    reference_watch = gradscope.watch(reference, collectives=False, detail_every=1)
 
     counts = {"all_gather_into_tensor": 0, "all_reduce": 0, "all_gather": 0, "broadcast": 0}
     originals = {name: getattr(dist, name) for name in counts}

@@ -37,6 +37,7 @@ import numpy as np
 from gradscope.core.errors import GradScopeError
 from gradscope.core.history import (
     _to_float32,
+    statistic_rows,
     status_onsets,
 )
 from gradscope.core.module_tree import ModuleTree
@@ -487,7 +488,7 @@ class RecordingWriter:
             (row, step, set_id, loss, float(stats.total_grad_norm), flags, stats.loss_scale)
         )
         values = batch.values
-        packed = _to_float32(np.stack((stats.grad_norm, stats.max_abs, stats.weight_norm)))
+        packed = statistic_rows(stats)
         values["grad_norm"].append((row, packed[0].tobytes()))
         values["max_abs"].append((row, packed[1].tobytes()))
         values["weight_norm"].append((row, packed[2].tobytes()))

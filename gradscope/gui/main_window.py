@@ -47,6 +47,7 @@ from gradscope.gui import shortcuts
 from gradscope.gui.dialogs import ErrorDialog, TorchvisionDialog, show_about
 from gradscope.gui.events_panel import EventsPanel
 from gradscope.gui.garbage_collection import collect_on_gui_thread
+from gradscope.gui.mixed_precision import PrecisionSummary
 from gradscope.gui.module_tree_model import (
     GRAD_NORM,
     NAME,
@@ -371,8 +372,10 @@ class MainWindow(QMainWindow):
         self.rate_label = QLabel("steps/s: -")
         self.loss_label = QLabel("loss: -")
         self.progress_label = QLabel("")
+        self.precision_label = QLabel("")  # mixed precision: the scale, skipped steps
+        self._precision = PrecisionSummary()
         for label in (self.state_label, self.progress_label, self.device_label,
-                      self.step_label, self.rate_label, self.loss_label):
+                      self.step_label, self.rate_label, self.loss_label, self.precision_label):
             label.setStyleSheet("padding: 0 8px;")
             bar.addPermanentWidget(label)
         self._set_state("empty")
@@ -864,6 +867,10 @@ class MainWindow(QMainWindow):
             self.loss_label.setText("loss: -")
         rate = self._steps_per_second()
         self.rate_label.setText(f"steps/s: {rate:.1f}" if rate is not None else "steps/s: -")
+        text, tip = self._precision.text(history)
+        self.precision_label.setText(text)
+        self.precision_label.setToolTip(tip)
+        self.precision_label.setVisible(bool(text))
 
     def _steps_per_second(self) -> float | None:
         if self.state != "running" or len(self._rate) < 2:

@@ -27,7 +27,8 @@ _EMIT_INTERVAL = 0.1
 _GUI_WAIT_LIMIT = 0.2
 
 # Settings fixed for a run: changing them needs a restart (a new model).
-RESTART_SETTINGS = ("device", "seed", "image_size")
+# The built run's: the engine refuses to change mixed precision mid-run.
+RESTART_SETTINGS = ("device", "seed", "image_size", "amp", "amp_init_scale")
 
 
 # -- payloads (one dataclass per signal) ------------------------------------------------

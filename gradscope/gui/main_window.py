@@ -44,7 +44,7 @@ from PySide6.QtWidgets import (
 from gradscope.core.history import MISSING, STATUS_MISSING, Event, RunHistory
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.gui import shortcuts
-from gradscope.gui.dialogs import ErrorDialog, TorchvisionDialog, show_about
+from gradscope.gui.dialogs import ErrorDialog, ModelDialog, show_about
 from gradscope.gui.events_panel import EventsPanel
 from gradscope.gui.garbage_collection import collect_on_gui_thread
 from gradscope.gui.mixed_precision import PrecisionSummary
@@ -277,8 +277,9 @@ class MainWindow(QMainWindow):
                                         QKeySequence.StandardKey.Open, sp.SP_DialogOpenButton,
                                         "Open a .py model script")
         self.open_torchvision_action = self._action(
-            "Open &torchvision model…", self._on_open_torchvision_action_triggered,
-            "Ctrl+Shift+O", sp.SP_ComputerIcon, "Open a torchvision classification model")
+            "Open model by &name…", self._on_open_torchvision_action_triggered,
+            "Ctrl+Shift+O", sp.SP_ComputerIcon,
+            "Open a torchvision model, a transformers model type (hf:) or a timm model (timm:)")
         self.export_png_action = self._action(
             "Export plots as &PNG…", self._on_export_png_action_triggered, "Ctrl+E")
         self.export_statistics_action = self._action(
@@ -577,7 +578,7 @@ class MainWindow(QMainWindow):
                             f"size ({CPU_TORCHVISION_DEFAULTS['image_size']}, or what the model "
                             f"needs) and batch ({CPU_TORCHVISION_DEFAULTS['batch_size']}); "
                             "raise them and Restart for the usual 224.")
-        self.settings_panel.set_notes(notes)
+        self.settings_panel.set_notes(notes, payload.architecture)
         self.setWindowTitle(f"GradScope — {payload.display_name}")
         self.model_label.setText(payload.display_name)
         self.device_label.setText(f"device: {payload.device}")
@@ -758,7 +759,7 @@ class MainWindow(QMainWindow):
     def _on_open_torchvision_action_triggered(self) -> None:
         from gradscope.core.loading import torchvision_model_names
 
-        dialog = TorchvisionDialog(self, torchvision_model_names())
+        dialog = ModelDialog(self, torchvision_model_names())
         if dialog.exec() and dialog.selected_name():
             self.open_model(dialog.selected_name() or "")
 

@@ -35,6 +35,20 @@ _RESTART_WORDS = {"amp": "mixed precision", "amp_init_scale": "initial loss scal
                   "image_size": "image size"}
 
 
+def architecture_note(architecture: dict) -> str:
+    """``{"task": "causal LM", "num_hidden_layers": 2, "parameters": 1234567}`` as one line:
+    "Built: causal LM, num hidden layers 2, ..., 1.2M parameters"."""
+    parts = []
+    for key, value in architecture.items():
+        if key == "parameters" and isinstance(value, (int, float)):
+            continue
+        parts.append(str(value) if key == "task" else f"{key.replace('_', ' ')} {value}")
+    count = architecture.get("parameters")
+    if isinstance(count, (int, float)):
+        parts.append(f"{count / 1e6:,.1f}M parameters")
+    return "Built: " + ", ".join(parts)
+
+
 def cuda_devices() -> list[str]:
     """``cuda:N`` for each CUDA device present (none when torch has no usable GPU)."""
     try:
@@ -443,9 +457,13 @@ class SettingsPanel(QScrollArea):
             f"Changed from the script (blue): {_describe_names(changed, self._fields)}"
             if changed else "")
 
-    def set_notes(self, notes: list[str]) -> None:
+    def set_notes(self, notes: list[str], architecture: dict | None = None) -> None:
         """What the loader or the app chose for this model (an image size it needs, CPU
-        defaults), shown above the settings."""
+        defaults, a transformers config scaled down), shown above the settings;
+        ``architecture``: an hf:/timm: model's sizes as built (LoadedModel.architecture)."""
+        notes = list(notes)
+        if architecture:
+            notes.append(architecture_note(architecture))
         self.model_notes.setText("\n".join(notes))
         self.model_notes.setVisible(bool(notes))
 

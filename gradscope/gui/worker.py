@@ -49,6 +49,8 @@ class ModelLoaded:
     settings: Any  # RunSettings as the engine took them
     device: str
     notes: list[str] = field(default_factory=list)
+    # hf:/timm: models: the architecture as built (scaled-down sizes included).
+    architecture: dict[str, Any] = field(default_factory=dict)
     # The settings the script alone gives (the app's defaults under its CONFIG, no user
     # override): what "Reset to script defaults" goes back to.
     script_settings: Any = None
@@ -209,6 +211,7 @@ class RunWorker(QObject):
                 settings=runner.settings,
                 device=str(runner.device),
                 notes=list(loaded.notes),
+                architecture=dict(getattr(loaded, "architecture", None) or {}),
                 script_settings=script_settings,
             )
         )

@@ -111,6 +111,15 @@ class EventsPanel(QWidget):
         self.banner_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.banner_area.setVisible(False)
         layout.addWidget(self.banner_area)
+        # A distributed run's recordings: each rank's steps and which rank broke first.
+        self.rank_note = QLabel()
+        self.rank_note.setWordWrap(True)
+        self.rank_note.setTextFormat(Qt.TextFormat.RichText)
+        self.rank_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.rank_note.setStyleSheet(
+            "padding: 4px; background: #eef2f8; border: 1px solid #c8d2e0;")
+        self.rank_note.setVisible(False)
+        layout.insertWidget(layout.indexOf(self.banner_area), self.rank_note)
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["Step", "Event", "Layer", "Details"])
         self.table.verticalHeader().setVisible(False)
@@ -140,6 +149,10 @@ class EventsPanel(QWidget):
         # 190 px left the list 1.5 rows.
         super().resizeEvent(event)
         self.banner_area.setMaximumHeight(max(60, min(190, self.height() // 3)))
+
+    def set_rank_note(self, text: str) -> None:
+        self.rank_note.setText(text)
+        self.rank_note.setVisible(bool(text))
 
     def clear(self) -> None:
         self.table.setRowCount(0)

@@ -877,6 +877,7 @@ class HeatmapPlot(QWidget):
         self._colored_rows = 0
         self._shown = np.zeros((0, 0), dtype=np.float32)
         self._rgba = np.zeros((0, 0, 4), dtype=np.uint8)
+        self._skipped_title = False
         self.axis = LayerAxis("left")
         self.widget = _plot_widget(
             "log10 ‖grad‖ (red: NaN/Inf, white: 0)",
@@ -987,6 +988,12 @@ class HeatmapPlot(QWidget):
         width = rows * per_row
         self.image.setRect(QRectF(first_step - 0.5, -0.5, max(width, 1), len(order)))
         self.colorbar.setLevels((low, high))
+        skipped = bool(history.skipped[:count].any())
+        if skipped != self._skipped_title:
+            self._skipped_title = skipped
+            self.item.setTitle("log10 ‖grad‖ (red: NaN/Inf, white: 0"
+                               + (", purple: skipped by the loss scaler)" if skipped else ")"),
+                               size="10pt")
         self.show_selection(view.selected_layer, view.selected_step)
 
     def show_selection(self, layer: str | None, step: int | None) -> None:

@@ -198,8 +198,7 @@ class RecordingController(QObject):
     def open_recording(self, path: str | os.PathLike[str], rank: int | None = None) -> bool:
         """Show a recording in the window; follow it while a writer is still at it. A rank
         file of a distributed run (or the set's common name) shows the set: the rank named,
-        ``rank``, or for the common name the rank that went non-finite first (else rank 0)."""
-        from gradscope.core.rank_facts import first_nonfinite_rank
+        ``rank``, or for the common name the lowest rank's (rank 0's)."""
         from gradscope.core.recording import RecordingReader
         from gradscope.core.recording.rank_set import find_rank_set, load_rank_set
 
@@ -215,8 +214,9 @@ class RecordingController(QObject):
                 if rank is None:
                     rank = by_path.get(named.resolve())
                 if rank is None or rank not in recordings.paths:
-                    broke = first_nonfinite_rank(rank_set.facts)
-                    rank = broke if broke in recordings.paths else recordings.primary_rank
+                    # As `gradscope open` and `report` do: rank 0's (the selector marks the
+                    # rank that went non-finite first).
+                    rank = recordings.primary_rank
                 path = recordings.paths[rank]
             reader = RecordingReader(path)
             tree, history = reader.load(max_rows=FIRST_VIEW_ROWS)

@@ -573,8 +573,14 @@ class MainWindow(QMainWindow):
         last = self._persisted_overrides(payload.source) if self.persist else {}
         self.settings_panel.set_script_defaults(payload.script_settings, last)
         notes = list(payload.notes)
-        if self._cpu_defaults:
-            notes.insert(0, "No GPU here: torchvision models start with a CPU-friendly image "
+        if self._cpu_defaults and payload.source.startswith("hf:"):
+            # Token batches: the image size means nothing to a transformers model.
+            notes.insert(0, "No GPU here: the model starts with a CPU-friendly batch "
+                            f"({CPU_TORCHVISION_DEFAULTS['batch_size']}); raise it and "
+                            "Restart.")
+        elif self._cpu_defaults:
+            kind = "timm" if payload.source.startswith("timm:") else "torchvision"
+            notes.insert(0, f"No GPU here: {kind} models start with a CPU-friendly image "
                             f"size ({CPU_TORCHVISION_DEFAULTS['image_size']}, or what the model "
                             f"needs) and batch ({CPU_TORCHVISION_DEFAULTS['batch_size']}); "
                             "raise them and Restart for the usual 224.")

@@ -52,4 +52,5 @@ def test_a_built_hf_models_architecture_is_in_the_model_notes(qtbot, window, tmp
     assert notes.isVisibleTo(window.settings_panel)
     text = notes.text()
     assert "Built: causal LM" in text, text
+    assert "image size" not in text  # the CPU note of a token model names the batch only
     assert "model type gpt2" in text and "num hidden layers 1" in text and "seq len 32" in text

@@ -11,8 +11,11 @@ from tests.gui.gui_helpers import open_and_wait
 
 
 def _visible(dialog: ModelDialog) -> list[str]:
-    return [dialog.list.item(i).text() for i in range(dialog.list.count())
-            if not dialog.list.item(i).isHidden()]
+    return [
+        dialog.list.item(i).text()
+        for i in range(dialog.list.count())
+        if not dialog.list.item(i).isHidden()
+    ]
 
 
 def test_hf_names_are_listed_lazily_and_found_by_typing(qtbot) -> None:
@@ -44,9 +47,18 @@ def test_hf_names_are_listed_lazily_and_found_by_typing(qtbot) -> None:
 def test_a_built_hf_models_architecture_is_in_the_model_notes(qtbot, window, tmp_path) -> None:
     folder = tmp_path / "tiny_gpt2"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32,
-        "vocab_size": 40}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_layer": 1,
+                "n_embd": 16,
+                "n_head": 2,
+                "n_positions": 32,
+                "vocab_size": 40,
+            }
+        )
+    )
     open_and_wait(qtbot, window, f"hf:{folder}", steps=1, batch_size=2)
     notes = window.settings_panel.model_notes
     assert notes.isVisibleTo(window.settings_panel)

@@ -3,6 +3,7 @@ RunHistory recorded them. Clicking one selects its layer and step everywhere."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 
@@ -31,6 +32,7 @@ _KIND_STATUS = {
     "nonfinite": STATUS_NONFINITE,
 }
 _KIND_LABEL = {"nonfinite": "NaN/Inf", "origin": "NaN/Inf origin",
+               "scale collapse": "Loss scale collapse",
                "settings": "settings changed", "rewind": "rewound"}
 _LAYER_ROLE = Qt.ItemDataRole.UserRole + 1
 _STEP_ROLE = Qt.ItemDataRole.UserRole + 2
@@ -45,11 +47,29 @@ def _value_lines(origin: Origin) -> list[str]:
     return [line.strip() for line in explain(origin) if line.startswith("  ")]
 
 
+def scale_collapse(origin: Origin | None) -> float | None:
+    """The loss scale a collapse ended at, when this origin is a scale collapse's (the
+    engine puts it in ``details["scale_collapse"]``)."""
+    details = origin.details if origin is not None and isinstance(origin.details, dict) else {}
+    value = details.get("scale_collapse")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def collapse_words(scale: float) -> str:
+    return f"loss scale collapsed to {scale:g}"
+
+
 def origin_html(origin: Origin) -> str:
     """The origin's fields for the banner above the list."""
     where = ("outside the model (loss code)" if origin.module is None
              else f"<b>{origin.module or '(model root)'}</b>")
-    parts = [
+    parts = []
+    collapse = scale_collapse(origin)
+    if collapse is not None:
+        # A collapse is why the run stopped; the NaN/Inf origin below says where it came from.
+        parts.append(f"<span style='color:#b00000;font-weight:bold'>Step {origin.step}: "
+                     f"{collapse_words(collapse)}</span> (the scaler skips every step now)")
+    parts += [
         f"<span style='color:#b00000;font-weight:bold'>First {origin.kind.upper()} at step "
         f"{origin.step}</span> in the {origin.phase} pass",
         f"module {where}, tensor <b>{origin.tensor}</b>",
@@ -91,6 +111,15 @@ class EventsPanel(QWidget):
         self.banner_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.banner_area.setVisible(False)
         layout.addWidget(self.banner_area)
+        # A distributed run's recordings: each rank's steps and which rank broke first.
+        self.rank_note = QLabel()
+        self.rank_note.setWordWrap(True)
+        self.rank_note.setTextFormat(Qt.TextFormat.RichText)
+        self.rank_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.rank_note.setStyleSheet(
+            "padding: 4px; background: #eef2f8; border: 1px solid #c8d2e0;")
+        self.rank_note.setVisible(False)
+        layout.insertWidget(layout.indexOf(self.banner_area), self.rank_note)
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["Step", "Event", "Layer", "Details"])
         self.table.verticalHeader().setVisible(False)
@@ -121,6 +150,10 @@ class EventsPanel(QWidget):
         super().resizeEvent(event)
         self.banner_area.setMaximumHeight(max(60, min(190, self.height() // 3)))
 
+    def set_rank_note(self, text: str) -> None:
+        self.rank_note.setText(text)
+        self.rank_note.setVisible(bool(text))
+
     def clear(self) -> None:
         self.table.setRowCount(0)
         self._shown = 0
@@ -141,9 +174,15 @@ class EventsPanel(QWidget):
         if not new:
             return
         self.placeholder.setVisible(False)
+        collapse = scale_collapse(origin)
         for event in new:
             row = 0 if event.kind == "origin" else self.table.rowCount()
             self.table.insertRow(row)
+            if (collapse is not None and origin is not None and event.kind == "origin"
+                    and event.step == origin.step):
+                event = dataclasses.replace(
+                    event, kind="scale collapse",
+                    message=f"{collapse_words(collapse)}; {event.message}")
             self._fill_row(row, event)
         self._shown = len(events)
 
@@ -151,7 +190,7 @@ class EventsPanel(QWidget):
         step = QTableWidgetItem(str(event.step))
         step.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         kind = QTableWidgetItem(_KIND_LABEL.get(event.kind, event.kind))
-        if event.kind == "origin":
+        if event.kind in ("origin", "scale collapse"):
             kind.setIcon(origin_icon())
         elif event.kind in _KIND_STATUS:
             kind.setIcon(status_icon(_KIND_STATUS[event.kind]))
@@ -163,7 +202,7 @@ class EventsPanel(QWidget):
         for column, item in enumerate(items):
             item.setData(_LAYER_ROLE, event.layer)
             item.setData(_STEP_ROLE, event.step)
-            if event.kind == "origin":
+            if event.kind in ("origin", "scale collapse"):
                 font = QFont()
                 font.setBold(True)
                 item.setFont(font)

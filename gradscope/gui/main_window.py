@@ -44,9 +44,10 @@ from PySide6.QtWidgets import (
 from gradscope.core.history import MISSING, STATUS_MISSING, Event, RunHistory
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.gui import shortcuts
-from gradscope.gui.dialogs import ErrorDialog, TorchvisionDialog, show_about
+from gradscope.gui.dialogs import ErrorDialog, ModelDialog, show_about
 from gradscope.gui.events_panel import EventsPanel
 from gradscope.gui.garbage_collection import collect_on_gui_thread
+from gradscope.gui.mixed_precision import PrecisionSummary
 from gradscope.gui.module_tree_model import (
     GRAD_NORM,
     NAME,
@@ -276,8 +277,9 @@ class MainWindow(QMainWindow):
                                         QKeySequence.StandardKey.Open, sp.SP_DialogOpenButton,
                                         "Open a .py model script")
         self.open_torchvision_action = self._action(
-            "Open &torchvision model…", self._on_open_torchvision_action_triggered,
-            "Ctrl+Shift+O", sp.SP_ComputerIcon, "Open a torchvision classification model")
+            "Open model by &name…", self._on_open_torchvision_action_triggered,
+            "Ctrl+Shift+O", sp.SP_ComputerIcon,
+            "Open a torchvision model, a transformers model type (hf:) or a timm model (timm:)")
         self.export_png_action = self._action(
             "Export plots as &PNG…", self._on_export_png_action_triggered, "Ctrl+E")
         self.export_statistics_action = self._action(
@@ -371,8 +373,10 @@ class MainWindow(QMainWindow):
         self.rate_label = QLabel("steps/s: -")
         self.loss_label = QLabel("loss: -")
         self.progress_label = QLabel("")
+        self.precision_label = QLabel("")  # mixed precision: the scale, skipped steps
+        self._precision = PrecisionSummary()
         for label in (self.state_label, self.progress_label, self.device_label,
-                      self.step_label, self.rate_label, self.loss_label):
+                      self.step_label, self.rate_label, self.loss_label, self.precision_label):
             label.setStyleSheet("padding: 0 8px;")
             bar.addPermanentWidget(label)
         self._set_state("empty")
@@ -569,12 +573,18 @@ class MainWindow(QMainWindow):
         last = self._persisted_overrides(payload.source) if self.persist else {}
         self.settings_panel.set_script_defaults(payload.script_settings, last)
         notes = list(payload.notes)
-        if self._cpu_defaults:
-            notes.insert(0, "No GPU here: torchvision models start with a CPU-friendly image "
+        if self._cpu_defaults and payload.source.startswith("hf:"):
+            # Token batches: the image size means nothing to a transformers model.
+            notes.insert(0, "No GPU here: the model starts with a CPU-friendly batch "
+                            f"({CPU_TORCHVISION_DEFAULTS['batch_size']}); raise it and "
+                            "Restart.")
+        elif self._cpu_defaults:
+            kind = "timm" if payload.source.startswith("timm:") else "torchvision"
+            notes.insert(0, f"No GPU here: {kind} models start with a CPU-friendly image "
                             f"size ({CPU_TORCHVISION_DEFAULTS['image_size']}, or what the model "
                             f"needs) and batch ({CPU_TORCHVISION_DEFAULTS['batch_size']}); "
                             "raise them and Restart for the usual 224.")
-        self.settings_panel.set_notes(notes)
+        self.settings_panel.set_notes(notes, payload.architecture)
         self.setWindowTitle(f"GradScope — {payload.display_name}")
         self.model_label.setText(payload.display_name)
         self.device_label.setText(f"device: {payload.device}")
@@ -755,7 +765,7 @@ class MainWindow(QMainWindow):
     def _on_open_torchvision_action_triggered(self) -> None:
         from gradscope.core.loading import torchvision_model_names
 
-        dialog = TorchvisionDialog(self, torchvision_model_names())
+        dialog = ModelDialog(self, torchvision_model_names())
         if dialog.exec() and dialog.selected_name():
             self.open_model(dialog.selected_name() or "")
 
@@ -864,6 +874,10 @@ class MainWindow(QMainWindow):
             self.loss_label.setText("loss: -")
         rate = self._steps_per_second()
         self.rate_label.setText(f"steps/s: {rate:.1f}" if rate is not None else "steps/s: -")
+        text, tip = self._precision.text(history)
+        self.precision_label.setText(text)
+        self.precision_label.setToolTip(tip)
+        self.precision_label.setVisible(bool(text))
 
     def _steps_per_second(self) -> float | None:
         if self.state != "running" or len(self._rate) < 2:

@@ -21,6 +21,13 @@ from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
 from gradscope.core.watch import classify
+from gradscope.gui.mixed_precision import (
+    SKIPPED_COLOR,
+    SKIPPED_WORDS,
+    LossScaleAxis,
+    SkippedMarkers,
+    skipped_rows,
+)
 from gradscope.gui.plot_axes import GridAxis, LayerAxis, elide
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
@@ -40,6 +47,10 @@ _EDGE_LEGEND = "\x00edge"
 _LEFT_AXIS_WIDTH = 64
 _MISSING_COLOR = (200, 200, 200, 255)
 _NONFINITE_RGBA = (214, 39, 40, 255)
+# A heatmap cell whose gradient overflowed on a step the loss scaler skipped: expected, so
+# not the NaN/Inf red (the scaler's purple). Below MISSING, so any measured value wins a block.
+SKIPPED_CELL = -2.0
+_SKIPPED_RGBA = (*pg.mkColor(SKIPPED_COLOR).getRgb()[:3], 255)
 # An exact zero gradient is not a small one: white, outside the colour scale (its lowest
 # colour would read as "small but flowing").
 ZERO_RGBA = (255, 255, 255, 255)
@@ -121,8 +132,18 @@ def _colorize(matrix: np.ndarray, low: float, high: float) -> np.ndarray:
     rgba = lut[(scaled * 255).astype(np.intp)]
     rgba[matrix == 0] = ZERO_RGBA
     rgba[matrix == MISSING] = _MISSING_COLOR
+    rgba[matrix == SKIPPED_CELL] = _SKIPPED_RGBA
     rgba[~np.isfinite(matrix)] = _NONFINITE_RGBA
     return rgba
+
+
+def _mark_skipped(block: np.ndarray, skipped: np.ndarray) -> np.ndarray:
+    """``block`` (steps x layers) with the non-finite values of skipped steps replaced by
+    SKIPPED_CELL (a copy, only when there are any)."""
+    if not skipped.any():
+        return block
+    overflowed = ~np.isfinite(block) & skipped[:, None]
+    return np.where(overflowed, np.float32(SKIPPED_CELL), block) if overflowed.any() else block
 
 
 # Distinct colours for the first layers, without the status red and orange (those mean
@@ -227,7 +248,10 @@ class _LogNormCache:
         new = matrix[self.rows: count]
         self.values[:columns, self.rows: count] = log10_display(new).T
         self.steps[self.rows: count] = history.steps[self.rows: count]
-        edge_rows, edge_columns = np.nonzero(~np.isfinite(new) | (new == 0))
+        # An overflow on a step the loss scaler skipped is expected: no NaN/Inf marker (the
+        # skipped step has its own).
+        skipped = skipped_rows(history, self.rows, count)[:, None]
+        edge_rows, edge_columns = np.nonzero((~np.isfinite(new) & ~skipped) | (new == 0))
         if len(edge_rows):
             self.edge_rows = np.concatenate([self.edge_rows, edge_rows + self.rows])
             self.edge_columns = np.concatenate([self.edge_columns, edge_columns])
@@ -359,6 +383,7 @@ class GradientNormPlot(QWidget):
                                           pen=pg.mkPen(NONFINITE_MARKER_COLOR, width=2.5))
         self.markers.setZValue(20)
         self.item.addItem(self.markers, ignoreBounds=True)
+        self.skipped = SkippedMarkers(self.item, pinned=True)
         self.item.vb.addItem(self.group_dots)
         self._marker_brushes = (pg.mkBrush(ZERO_MARKER_COLOR), pg.mkBrush(NONFINITE_MARKER_COLOR))
         self._marker_pens = (pg.mkPen(ZERO_MARKER_COLOR, width=1),
@@ -419,6 +444,7 @@ class GradientNormPlot(QWidget):
                 curve.setVisible(False)
                 self._curve_state.pop(name, None)
         self._update_edges()
+        self.skipped.refresh(history)
         self._update_legend(visible)
         self.show_selection(view.selected_layer, view.selected_step)
         self._redraw_view_dependent()
@@ -602,7 +628,8 @@ class GradientNormPlot(QWidget):
             more = len(visible) - len(shown)
         if self._edge_points:
             shown = [*shown, _EDGE_LEGEND]
-        key = [*shown, more]
+        skipped = bool(len(self.skipped.steps))
+        key = [*shown, more, skipped]
         if key == self._legend_names:
             return
         self.legend.clear()
@@ -617,8 +644,10 @@ class GradientNormPlot(QWidget):
             self.legend.addItem(self._legend_more, f"+{more} more")
         if _EDGE_LEGEND in shown:
             self.legend.addItem(self.markers, "NaN/Inf top, 0 bottom")
+        if skipped:
+            self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
         self._legend_names = key
-        self.legend.setVisible(bool(shown))
+        self.legend.setVisible(bool(shown) or skipped)
         self._fit_legend_columns()
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
@@ -753,6 +782,13 @@ class LossPlot(QWidget):
         self.markers = pg.ScatterPlotItem(size=11, symbol="x",
                                           pen=pg.mkPen(NONFINITE_MARKER_COLOR, width=2.5))
         self.item.addItem(self.markers, ignoreBounds=True)
+        self.skipped = SkippedMarkers(self.item, pinned=False)
+        self.loss_scale = LossScaleAxis(self.item)
+        # Under the step axis, only while there is a scaler to explain.
+        self.legend = pg.LegendItem(labelTextSize="8pt", colCount=1, verSpacing=-6)
+        self.item.layout.addItem(self.legend, 4, 1)
+        self.legend.setVisible(False)
+        self._legend_key: tuple[bool, bool] = (False, False)
         self.step_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#555", style=Qt.PenStyle.DashLine))
         self.step_line.setVisible(False)
         self.item.addItem(self.step_line, ignoreBounds=True)
@@ -782,8 +818,23 @@ class LossPlot(QWidget):
                            symbolSize=5, symbolBrush="#333", symbolPen=None)
         self._steps = steps
         self._nonfinite_steps = steps[~finite]
+        self.skipped.refresh(view.history, y)
+        self.loss_scale.refresh(view.history)
+        self._update_legend()
         self.show_selection(view.selected_step)
         self._place_markers()
+
+    def _update_legend(self) -> None:
+        key = (bool(len(self.skipped.steps)), self.loss_scale.shown)
+        if key == self._legend_key:
+            return
+        self._legend_key = key
+        self.legend.clear()
+        if key[0]:
+            self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
+        if key[1]:
+            self.legend.addItem(self.loss_scale.curve, "loss scale (right, log)")
+        self.legend.setVisible(any(key))
 
     def show_selection(self, step: int | None) -> None:
         self.step_line.setVisible(step is not None)
@@ -826,6 +877,7 @@ class HeatmapPlot(QWidget):
         self._colored_rows = 0
         self._shown = np.zeros((0, 0), dtype=np.float32)
         self._rgba = np.zeros((0, 0, 4), dtype=np.uint8)
+        self._skipped_title = False
         self.axis = LayerAxis("left")
         self.widget = _plot_widget(
             "log10 ‖grad‖ (red: NaN/Inf, white: 0)",
@@ -901,6 +953,8 @@ class HeatmapPlot(QWidget):
         if complete > self._blocks:
             new = matrix[self._blocks * per_row: complete * per_row]
             new = new if identity else new[:, columns]
+            new = _mark_skipped(
+                new, skipped_rows(history, self._blocks * per_row, complete * per_row))
             reduced, _ = reduce_steps(new, limit=max(1, len(new) // per_row))
             self._shown[self._blocks: complete] = reduced
             self._low_high = _finite_log_range(reduced, self._low_high)
@@ -910,6 +964,7 @@ class HeatmapPlot(QWidget):
         if count > complete * per_row:  # the last, incomplete block
             tail = matrix[complete * per_row: count]
             tail = tail if identity else tail[:, columns]
+            tail = _mark_skipped(tail, skipped_rows(history, complete * per_row, count))
             self._shown[complete] = tail.max(axis=0)
             low, high = _finite_log_range(self._shown[complete: complete + 1], (low, high))
             rows += 1
@@ -933,6 +988,12 @@ class HeatmapPlot(QWidget):
         width = rows * per_row
         self.image.setRect(QRectF(first_step - 0.5, -0.5, max(width, 1), len(order)))
         self.colorbar.setLevels((low, high))
+        skipped = bool(history.skipped[:count].any())
+        if skipped != self._skipped_title:
+            self._skipped_title = skipped
+            self.item.setTitle("log10 ‖grad‖ (red: NaN/Inf, white: 0"
+                               + (", purple: skipped by the loss scaler)" if skipped else ")"),
+                               size="10pt")
         self.show_selection(view.selected_layer, view.selected_step)
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
@@ -967,7 +1028,9 @@ class HeatmapPlot(QWidget):
         if cell is None:
             return
         name, step, value = cell
-        text = "not watched" if value == MISSING else f"‖grad‖ = {format_value(value)}"
+        text = ("not watched" if value == MISSING else
+                f"overflowed: {SKIPPED_WORDS}" if value == SKIPPED_CELL else
+                f"‖grad‖ = {format_value(value)}")
         global_pos = self.widget.mapToGlobal(self.widget.mapFromScene(scene_pos))
         QToolTip.showText(global_pos, f"{name or '(model)'}\nstep {step}\n{text}", self.widget)
 

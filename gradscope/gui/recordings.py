@@ -93,6 +93,10 @@ class RecordingController(QObject):
         self.follow_timer.setInterval(FOLLOW_INTERVAL_MS)
         self.follow_timer.timeout.connect(self._on_follow_timer_timeout)
 
+        from gradscope.gui.rank_set_view import RankSetView
+
+        self.rank_view = RankSetView(window)
+        self.rank_view.rank_chosen.connect(self._on_rank_view_rank_chosen)
         window.model_loaded.connect(self._on_window_model_loaded)
         window.run_thread.worker.steps_finished.connect(self._on_worker_steps_finished)
         window.debugger.rewound.connect(self._on_debugger_rewound)
@@ -112,6 +116,7 @@ class RecordingController(QObject):
     def _on_window_model_loaded(self, payload: ModelLoaded) -> None:
         self._stop_following()
         self.close_writer()
+        self.rank_view.clear()
         # The file is made with the first step: opening a model and not running it (every
         # launch does) leaves no empty recording behind.
         self._to_record = payload
@@ -190,13 +195,29 @@ class RecordingController(QObject):
             self._to_record = None
 
     # -- opening and following ---------------------------------------------------------
-    def open_recording(self, path: str | os.PathLike[str]) -> bool:
-        """Show a recording in the window; follow it while a writer is still at it."""
+    def open_recording(self, path: str | os.PathLike[str], rank: int | None = None) -> bool:
+        """Show a recording in the window; follow it while a writer is still at it. A rank
+        file of a distributed run (or the set's common name) shows the set: the rank named,
+        ``rank``, or for the common name the lowest rank's (rank 0's)."""
         from gradscope.core.recording import RecordingReader
+        from gradscope.core.recording.rank_set import find_rank_set, load_rank_set
 
         if self.writer is not None and Path(path).resolve() == self.writer.path.resolve():
             self.close_writer()  # the run it records: everything written before it is read
+        rank_set = None
         try:
+            recordings = find_rank_set(path)
+            if recordings is not None:
+                rank_set = load_rank_set(recordings)
+                named = Path(path).expanduser()
+                by_path = {p.resolve(): r for r, p in recordings.paths.items()}
+                if rank is None:
+                    rank = by_path.get(named.resolve())
+                if rank is None or rank not in recordings.paths:
+                    # As `gradscope open` and `report` do: rank 0's (the selector marks the
+                    # rank that went non-finite first).
+                    rank = recordings.primary_rank
+                path = recordings.paths[rank]
             reader = RecordingReader(path)
             tree, history = reader.load(max_rows=FIRST_VIEW_ROWS)
         except GradScopeError as error:
@@ -217,8 +238,18 @@ class RecordingController(QObject):
         self.follow_action.setChecked(live)
         self.label.setText(f"{'following' if live else 'showing'} {name}")
         self.label.setToolTip(str(path))
+        if rank_set is not None and rank is not None:
+            self.rank_view.show_set(rank_set, rank)
+            self.label.setText(f"{self.label.text()} (rank {rank} of the set)")
+        else:
+            self.rank_view.clear()
         self.recording_opened.emit(Path(path))
         return True
+
+    def _on_rank_view_rank_chosen(self, rank: int) -> None:
+        loaded = self.rank_view.loaded
+        if loaded is not None and rank in loaded.recordings.paths:
+            self.open_recording(loaded.recordings.paths[rank], rank=rank)
 
     def _on_follow_action_toggled(self, checked: bool) -> None:
         if checked and self.reader is not None:

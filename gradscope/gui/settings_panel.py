@@ -29,6 +29,25 @@ from PySide6.QtWidgets import (
 from gradscope.core.settings import OPTIMIZERS, SETTING_NAMES, RunSettings
 from gradscope.gui.worker import RESTART_SETTINGS
 
+AMP_CHOICES = (("off (float32)", ""), ("bf16 (autocast)", "bf16"),
+               ("fp16 (autocast + GradScaler)", "fp16"))
+_RESTART_WORDS = {"amp": "mixed precision", "amp_init_scale": "initial loss scale",
+                  "image_size": "image size"}
+
+
+def architecture_note(architecture: dict) -> str:
+    """``{"task": "causal LM", "num_hidden_layers": 2, "parameters": 1234567}`` as one line:
+    "Built: causal LM, num hidden layers 2, ..., 1.2M parameters"."""
+    parts = []
+    for key, value in architecture.items():
+        if key == "parameters" and isinstance(value, (int, float)):
+            continue
+        parts.append(str(value) if key == "task" else f"{key.replace('_', ' ')} {value}")
+    count = architecture.get("parameters")
+    if isinstance(count, (int, float)):
+        parts.append(f"{count / 1e6:,.1f}M parameters")
+    return "Built: " + ", ".join(parts)
+
 
 def cuda_devices() -> list[str]:
     """``cuda:N`` for each CUDA device present (none when torch has no usable GPU)."""
@@ -148,6 +167,15 @@ class SettingsPanel(QScrollArea):
         self.image_size = QSpinBox()
         self.image_size.setRange(8, 4096)
         self.image_size.setToolTip("input size for torchvision models")
+        # Mixed precision belongs to the built run (the engine refuses to change it mid-run):
+        # a change applies at the next restart, as the device does.
+        self.amp = QComboBox()
+        for label, value in AMP_CHOICES:
+            self.amp.addItem(label, value)
+        self.amp.setToolTip("autocast the forward and the loss; fp16 adds a GradScaler\n"
+                            "(its skipped steps are shown in purple, not as NaN/Inf)")
+        self.amp_init_scale = NumberEdit(minimum=1e-300)
+        self.amp_init_scale.setToolTip("the GradScaler's first loss scale (fp16 only)")
         self.explode_threshold = NumberEdit()
         self.explode_threshold.setToolTip("a layer whose gradient norm is above this is exploding")
         self.vanish_threshold = NumberEdit()
@@ -180,6 +208,8 @@ class SettingsPanel(QScrollArea):
         form.addRow("Gradient clip", clip_row)
         form.addRow("Seed" + restart, self.seed)
         form.addRow("Image size" + restart, self.image_size)
+        form.addRow("Mixed precision" + restart, self.amp)
+        form.addRow("Initial loss scale" + restart, self.amp_init_scale)
         form.addRow("Explode above", self.explode_threshold)
         form.addRow("Vanish below", self.vanish_threshold)
         form.addRow("", self.pause_at_nonfinite)
@@ -207,6 +237,7 @@ class SettingsPanel(QScrollArea):
             "optimizer": self.optimizer, "lr": self.lr, "momentum": self.momentum,
             "weight_decay": self.weight_decay, "loss_scale": self.loss_scale,
             "clip": clip_row, "seed": self.seed, "image_size": self.image_size,
+            "amp": self.amp, "amp_init_scale": self.amp_init_scale,
             "explode_threshold": self.explode_threshold,
             "vanish_threshold": self.vanish_threshold, "keep_going": self.pause_at_nonfinite,
             "update_ratio": self.update_ratio,
@@ -259,15 +290,16 @@ class SettingsPanel(QScrollArea):
             spin.editingFinished.connect(self._on_widget_edited)
             spin.valueChanged.connect(self._on_spin_changed)
         for edit in (self.lr, self.momentum, self.weight_decay, self.loss_scale, self.clip,
-                     self.explode_threshold, self.vanish_threshold):
+                     self.explode_threshold, self.vanish_threshold, self.amp_init_scale):
             edit.value_edited.connect(self._on_widget_edited)
-        for combo in (self.device, self.optimizer):
+        self.amp.currentIndexChanged.connect(self._on_amp_changed)
+        for combo in (self.device, self.optimizer, self.amp):
             combo.currentIndexChanged.connect(self._on_widget_edited)
         for box in (self.clip_enabled, self.pause_at_nonfinite, self.update_ratio):
             box.toggled.connect(self._on_widget_edited)
         self.clip_enabled.toggled.connect(self.clip.setEnabled)
         self._wheel_filter = _WheelOnlyWhenFocused(self)
-        for widget in (*self._spins(), self.device, self.optimizer):
+        for widget in (*self._spins(), self.device, self.optimizer, self.amp):
             widget.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # not WheelFocus
             widget.installEventFilter(self._wheel_filter)
         self._running_settings: RunSettings | None = None
@@ -312,6 +344,9 @@ class SettingsPanel(QScrollArea):
                 self.clip.set_value(settings.clip)
             self.seed.setValue(settings.seed)
             self.image_size.setValue(settings.image_size)
+            self.amp.setCurrentIndex(max(0, self.amp.findData(settings.amp)))
+            self.amp_init_scale.set_value(settings.amp_init_scale)
+            self._on_amp_changed()
             self.explode_threshold.set_value(settings.explode_threshold)
             self.vanish_threshold.set_value(settings.vanish_threshold)
             self.pause_at_nonfinite.setChecked(not settings.keep_going)
@@ -349,6 +384,8 @@ class SettingsPanel(QScrollArea):
             clip=self.clip.value() if self.clip_enabled.isChecked() else None,
             seed=self.seed.value(),
             image_size=self.image_size.value(),
+            amp=str(self.amp.currentData() or ""),
+            amp_init_scale=self.amp_init_scale.value() or self._base.amp_init_scale,
             explode_threshold=self.explode_threshold.value() or 0.0,
             vanish_threshold=self.vanish_threshold.value() or 0.0,
             keep_going=not self.pause_at_nonfinite.isChecked(),
@@ -420,9 +457,13 @@ class SettingsPanel(QScrollArea):
             f"Changed from the script (blue): {_describe_names(changed, self._fields)}"
             if changed else "")
 
-    def set_notes(self, notes: list[str]) -> None:
+    def set_notes(self, notes: list[str], architecture: dict | None = None) -> None:
         """What the loader or the app chose for this model (an image size it needs, CPU
-        defaults), shown above the settings."""
+        defaults, a transformers config scaled down), shown above the settings;
+        ``architecture``: an hf:/timm: model's sizes as built (LoadedModel.architecture)."""
+        notes = list(notes)
+        if architecture:
+            notes.append(architecture_note(architecture))
         self.model_notes.setText("\n".join(notes))
         self.model_notes.setVisible(bool(notes))
 
@@ -430,10 +471,11 @@ class SettingsPanel(QScrollArea):
         """Show a recorded run's settings: visible, selectable, not editable."""
         self.read_only = read_only
         for edit in (self.lr, self.momentum, self.weight_decay, self.loss_scale, self.clip,
-                     self.explode_threshold, self.vanish_threshold, *self._spins()):
+                     self.explode_threshold, self.vanish_threshold, self.amp_init_scale,
+                     *self._spins()):
             edit.setReadOnly(read_only)
-        for widget in (self.device, self.optimizer, self.clip_enabled, self.pause_at_nonfinite,
-                       self.update_ratio, self.trace):
+        for widget in (self.device, self.optimizer, self.amp, self.clip_enabled,
+                       self.pause_at_nonfinite, self.update_ratio, self.trace):
             if widget is not None:
                 widget.setEnabled(not read_only)
         if not read_only:
@@ -459,13 +501,19 @@ class SettingsPanel(QScrollArea):
         current = self.settings()
         return [name for name in RESTART_SETTINGS
                 if getattr(current, name) != getattr(running, name)
-                and not (name == "device" and current.device == "auto")]
+                and not (name == "device" and current.device == "auto")
+                and not (name == "amp_init_scale" and current.amp != "fp16")]
 
     def _update_restart_note(self) -> None:
         changed = self.needs_restart()
+        words = [_RESTART_WORDS.get(name, name.replace("_", " ")) for name in changed]
         self.restart_note.setText(
-            f"{', '.join(changed).replace('_', ' ')} changed: restart to use the new value."
-            if changed else "")
+            f"{', '.join(words)} changed: restart to use the new value (Run ▸ Restart starts "
+            "a new run; the run so far keeps the old one)." if changed else "")
+
+    def _on_amp_changed(self, *_: object) -> None:
+        # The initial scale is the GradScaler's: only fp16 has one.
+        self.amp_init_scale.setEnabled(self.amp.currentData() == "fp16")
 
     # -- edits ---------------------------------------------------------------------------
     def _on_spin_changed(self) -> None:

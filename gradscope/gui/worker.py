@@ -27,7 +27,8 @@ _EMIT_INTERVAL = 0.1
 _GUI_WAIT_LIMIT = 0.2
 
 # Settings fixed for a run: changing them needs a restart (a new model).
-RESTART_SETTINGS = ("device", "seed", "image_size")
+# The built run's: the engine refuses to change mixed precision mid-run.
+RESTART_SETTINGS = ("device", "seed", "image_size", "amp", "amp_init_scale")
 
 
 # -- payloads (one dataclass per signal) ------------------------------------------------
@@ -48,6 +49,8 @@ class ModelLoaded:
     settings: Any  # RunSettings as the engine took them
     device: str
     notes: list[str] = field(default_factory=list)
+    # hf:/timm: models: the architecture as built (scaled-down sizes included).
+    architecture: dict[str, Any] = field(default_factory=dict)
     # The settings the script alone gives (the app's defaults under its CONFIG, no user
     # override): what "Reset to script defaults" goes back to.
     script_settings: Any = None
@@ -208,6 +211,7 @@ class RunWorker(QObject):
                 settings=runner.settings,
                 device=str(runner.device),
                 notes=list(loaded.notes),
+                architecture=dict(getattr(loaded, "architecture", None) or {}),
                 script_settings=script_settings,
             )
         )

@@ -1,0 +1,68 @@
+"""File > Open model by name (#18): transformers' model types (hf:) and timm's models
+(timm:) beside torchvision's, listed in a thread when asked (the dialog opens at once, no
+model is built), and an hf: model's architecture as built shown in the model notes."""
+
+from __future__ import annotations
+
+import json
+
+from gradscope.gui.dialogs import ModelDialog, ZooNameLister
+from tests.gui.gui_helpers import open_and_wait
+
+
+def _visible(dialog: ModelDialog) -> list[str]:
+    return [
+        dialog.list.item(i).text()
+        for i in range(dialog.list.count())
+        if not dialog.list.item(i).isHidden()
+    ]
+
+
+def test_hf_names_are_listed_lazily_and_found_by_typing(qtbot) -> None:
+    ZooNameLister.cache.clear()
+    dialog = ModelDialog(None, ["alexnet", "resnet18"])
+    qtbot.addWidget(dialog)
+    # torchvision at once; nothing of transformers' is listed until asked.
+    assert _visible(dialog) == ["alexnet", "resnet18"]
+    assert not dialog._listers
+    dialog.search.setText("hf:gpt")  # typing the prefix switches the list
+    assert dialog.prefix() == "hf:"
+    assert "listing hf models" in dialog.status.text()
+    qtbot.waitUntil(lambda: dialog.list.count() > 0, timeout=90_000)
+    dialog.wait_for_listers()
+    assert "hf:gpt2" in _visible(dialog)
+    assert all(name.startswith("hf:") and "gpt" in name for name in _visible(dialog))
+    assert dialog.status.text() == ""
+    dialog.search.setText("hf:gpt2")
+    assert dialog.selected_name() == "hf:gpt2"
+    # A name not listed, typed in full (a local folder), is what opens.
+    dialog.search.setText("hf:./my_model")
+    assert dialog.selected_name() == "hf:./my_model"
+    # Back to torchvision: its own list again.
+    dialog.library.setCurrentIndex(0)
+    dialog.search.setText("res")
+    assert _visible(dialog) == ["resnet18"]
+
+
+def test_a_built_hf_models_architecture_is_in_the_model_notes(qtbot, window, tmp_path) -> None:
+    folder = tmp_path / "tiny_gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_layer": 1,
+                "n_embd": 16,
+                "n_head": 2,
+                "n_positions": 32,
+                "vocab_size": 40,
+            }
+        )
+    )
+    open_and_wait(qtbot, window, f"hf:{folder}", steps=1, batch_size=2)
+    notes = window.settings_panel.model_notes
+    assert notes.isVisibleTo(window.settings_panel)
+    text = notes.text()
+    assert "Built: causal LM" in text, text
+    assert "image size" not in text  # the CPU note of a token model names the batch only
+    assert "model type gpt2" in text and "num hidden layers 1" in text and "seq len 32" in text

@@ -333,20 +333,27 @@ class _GroupCurve(pg.PlotCurveItem):
         count = int(np.count_nonzero(joined))
         self._lines.resize(count)
         if count:
+            # The four coordinates of each joined pair (x0, y0, x1, y1), written into Qt's
+            # QLineF array: straight into it when every pair is joined, else through one
+            # compress of all the pairs.
             lines = self._lines.ndarray()
-            # The four coordinates of each joined pair, written straight into Qt's QLineF
-            # array (x0, y0, x1, y1).
-            lines[:, 0] = np.broadcast_to(x[:-1], joined.shape)[joined]
-            lines[:, 1] = values[:, :-1][joined]
-            lines[:, 2] = np.broadcast_to(x[1:], joined.shape)[joined]
-            lines[:, 3] = values[:, 1:][joined]
-        if finite.any():
+            every = count == joined.size
+            shape = (*joined.shape, 4)
+            pairs = lines.reshape(shape) if every else np.empty(shape)
+            pairs[..., 0] = x[:-1]
+            pairs[..., 1] = values[:, :-1]
+            pairs[..., 2] = x[1:]
+            pairs[..., 3] = values[:, 1:]
+            if not every:
+                np.compress(joined.ravel(), pairs.reshape(-1, 4), axis=0, out=lines)
+        if finite.all() and values.size:
+            self._bounds = ((float(x[0]), float(x[-1])),
+                            (float(values.min()), float(values.max())))
+        elif finite.any():
             shown = values[finite]
             columns = np.flatnonzero(finite.any(axis=0))
-            self._bounds = (
-                (float(x[columns[0]]), float(x[columns[-1]])),
-                (float(shown.min()), float(shown.max())),
-            )
+            self._bounds = ((float(x[columns[0]]), float(x[columns[-1]])),
+                            (float(shown.min()), float(shown.max())))
         else:
             self._bounds = None
         self.xData = x[:0] if self._bounds is None else x  # pyqtgraph checks len(xData)

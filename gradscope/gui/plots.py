@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics
+from pyqtgraph.Qt.internals import PrimitiveArray
+from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPen
 from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
@@ -332,6 +333,93 @@ class _PeakLevels:
         return level
 
 
+class _GroupCurve(pg.PlotCurveItem):
+    """The grouped layers of one colour: each layer's finite neighbours joined by a line
+    segment (opaque, 1 px, not antialiased). The segments and the data bounds are made
+    once per change of data, in one numpy pass over all the group's layers (pyqtgraph made
+    them from flattened arrays with a connect array at paint time, and found the bounds
+    with nanmin/nanmax for each auto-range); ``getData`` and ``opts["connect"]`` (the
+    flattened finite points) are made only when asked for."""
+
+    def __init__(self, pen: QPen) -> None:
+        super().__init__(pen=pen, antialias=False)
+        self._lines = PrimitiveArray(QLineF, 4)
+        self._x = np.zeros(0)
+        self._values = np.zeros((0, 0))
+        self._bounds: tuple[tuple[float, float], tuple[float, float]] | None = None
+        self._flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def set_lines(self, x: np.ndarray, values: np.ndarray) -> None:
+        """``values``: layers x points (NaN: not drawn, and not joined) at steps ``x``."""
+        self._x, self._values, self._flat = x, values, None
+        finite = np.isfinite(values)
+        joined = finite[:, :-1] & finite[:, 1:]
+        count = int(np.count_nonzero(joined))
+        self._lines.resize(count)
+        if count:
+            # The four coordinates of each joined pair (x0, y0, x1, y1), written into Qt's
+            # QLineF array: straight into it when every pair is joined, else through one
+            # compress of all the pairs.
+            lines = self._lines.ndarray()
+            every = count == joined.size
+            shape = (*joined.shape, 4)
+            pairs = lines.reshape(shape) if every else np.empty(shape)
+            pairs[..., 0] = x[:-1]
+            pairs[..., 1] = values[:, :-1]
+            pairs[..., 2] = x[1:]
+            pairs[..., 3] = values[:, 1:]
+            if not every:
+                np.compress(joined.ravel(), pairs.reshape(-1, 4), axis=0, out=lines)
+        if finite.all() and values.size:
+            self._bounds = ((float(x[0]), float(x[-1])),
+                            (float(values.min()), float(values.max())))
+        elif finite.any():
+            shown = values[finite]
+            columns = np.flatnonzero(finite.any(axis=0))
+            self._bounds = ((float(x[columns[0]]), float(x[columns[-1]])),
+                            (float(shown.min()), float(shown.max())))
+        else:
+            self._bounds = None
+        self.xData = x[:0] if self._bounds is None else x  # pyqtgraph checks len(xData)
+        self.invalidateBounds()
+        self.prepareGeometryChange()
+        self.update()
+        self.sigPlotChanged.emit(self)
+
+    def _flattened(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._flat is None:
+            values = self._values
+            finite = np.isfinite(values)
+            connect = np.zeros(values.shape, dtype=bool)
+            connect[:, :-1] = finite[:, :-1] & finite[:, 1:]
+            keep = finite.ravel()
+            self._flat = (
+                np.broadcast_to(self._x, values.shape).ravel()[keep],
+                values.ravel()[keep],
+                connect.ravel()[keep],
+            )
+        return self._flat
+
+    def getData(self) -> tuple[np.ndarray, np.ndarray]:
+        """The finite points, flattened layer after layer; ``opts["connect"]`` then says
+        which of them are joined to the next (never across layers)."""
+        x, y, connect = self._flattened()
+        self.opts["connect"] = connect
+        return x, y
+
+    def dataBounds(self, ax: int, frac: float = 1.0, orthoRange=None):
+        if frac != 1.0 or orthoRange is not None:
+            return super().dataBounds(ax, frac, orthoRange)
+        return (None, None) if self._bounds is None else self._bounds[ax]
+
+    def paint(self, p, opt, widget) -> None:
+        if not len(self._lines):
+            return
+        p.setRenderHint(p.RenderHint.Antialiasing, False)
+        p.setPen(self.opts["pen"])
+        p.drawLines(*self._lines.drawargs())
+
+
 class GradientNormPlot(QWidget):
     selection_made = Signal(object)  # Selection
 
@@ -357,7 +445,7 @@ class GradientNormPlot(QWidget):
         # by one curve per colour (a ``connect`` array separates the layers), peak-downsampled
         # to the view here, and only the selected layer keeps its own curve.
         self.curves: dict[str, pg.PlotDataItem] = {}
-        self.group_curves: dict[int, pg.PlotCurveItem] = {}
+        self.group_curves: dict[int, _GroupCurve] = {}
         # While there are few steps, the grouped layers' points as dots (one step has no
         # line to draw).
         self.group_dots = pg.ScatterPlotItem(size=4, pen=None)
@@ -554,7 +642,7 @@ class GradientNormPlot(QWidget):
             colors[rgba] = color
         for rgba, curve in self.group_curves.items():
             if rgba not in groups:
-                curve.setData([], [])
+                curve.set_lines(x[:0], np.zeros((0, 0)))
         dots: list[tuple[np.ndarray, np.ndarray, QColor]] = []
         for rgba, positions in groups.items():
             curve = self.group_curves.get(rgba)
@@ -563,19 +651,12 @@ class GradientNormPlot(QWidget):
                 # here, and its setData costs a third. Drawn as separate segments (opaque,
                 # not antialiased: the joins do not show), which Qt strokes faster than one
                 # path of ~10^4 points per colour.
-                curve = pg.PlotCurveItem(pen=pg.mkPen(colors[rgba], width=1), antialias=False)
-                curve.setSegmentedLineMode("on")
+                curve = _GroupCurve(pg.mkPen(colors[rgba], width=1))
                 self.item.vb.addItem(curve)
                 self.group_curves[rgba] = curve
-            values = y[positions]
-            finite = np.isfinite(values)
-            connect = np.zeros(values.shape, dtype=bool)
-            connect[:, :-1] = finite[:, :-1] & finite[:, 1:]
-            keep = finite.ravel()
-            xs = np.broadcast_to(x, values.shape).ravel()[keep]
-            ys = values.ravel()[keep]
-            curve.setData(xs, ys, connect=connect.ravel()[keep], skipFiniteCheck=True)
+            curve.set_lines(x, y[positions])
             if few:
+                xs, ys = curve.getData()
                 dots.append((xs, ys, colors[rgba]))
         if dots:
             self.group_dots.setData(

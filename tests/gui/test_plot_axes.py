@@ -109,3 +109,38 @@ def test_every_axis_writes_numbers_the_same_way(qtbot) -> None:
     assert log.tickStrings([11, 11.477], 1, 1)[0] == "10¹¹"
     log.setRange(-1.1, -0.9)  # within a decade: every tick has a label
     assert log.tickStrings([-1, -1 + 0.04139], 1, 0.1) == ["0.1", "0.11"]
+
+
+def test_batched_tick_drawing_gives_pyqtgraphs_pixels(qtbot) -> None:
+    # GridAxis draws each tick level with one drawLines call (issue 17, zoom): the image
+    # must be pyqtgraph's own drawing of the same ticks with the opaque pens, pixel for pixel.
+    import pyqtgraph as pg
+
+    axis = GridAxis("left")
+    widget = pg.PlotWidget(axisItems={"left": axis})
+    qtbot.addWidget(widget)
+    widget.resize(500, 400)
+    axis.setLogMode(True)
+    widget.getPlotItem().showGrid(x=True, y=True, alpha=0.15)
+    widget.getPlotItem().setYRange(-9, 4, padding=0)
+    widget.show()
+    widget.grab()
+    rect = axis.boundingRect()
+    width, height = int(rect.width()) + 1, int(rect.height()) + 1
+    images = []
+    for draw in ("batched", "pyqtgraph"):
+        image = QImage(width, height, QImage.Format.Format_ARGB32)
+        image.fill(0)
+        painter = QPainter(image)
+        axis_spec, ticks, texts = axis.generateDrawSpecs(painter)
+        assert len(ticks) > 100
+        if draw == "batched":
+            axis.drawPicture(painter, axis_spec, ticks, texts)
+        else:
+            background = axis.background()
+            ticks = [(axis._opaque(pen, background), a, b) for pen, a, b in ticks]
+            pg.AxisItem.drawPicture(axis, painter, axis_spec, ticks, texts)
+        painter.end()
+        images.append(np.frombuffer(image.constBits(), dtype=np.uint8).copy())
+    assert (images[0] != 0).sum() > 1000
+    assert np.array_equal(images[0], images[1])

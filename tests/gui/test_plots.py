@@ -269,3 +269,53 @@ def test_the_legend_stays_off_the_curves_and_with_many_layers(qtbot) -> None:
     labels = [label.text for _, label in plot.legend.items]
     assert plot.legend.isVisible()
     assert labels[0] == "layer17" and labels[7] == "+13 more"
+
+
+def test_grouped_curves_auto_range_and_segments_keep_every_value(qtbot) -> None:
+    # The grouped curves make their own line segments and data bounds (issue 17, zoom):
+    # the y auto-range still reaches an extreme finite value and the smallest one in view,
+    # no segment joins across a NaN or from one layer to the next, and the NaN keeps its
+    # marker.
+    from gradscope.core.history import RunHistory
+    from gradscope.core.watch import StepStats, classify
+    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
+
+    layers, steps = _GROUPED_ABOVE + 10, 2000
+    names = [f"layer{i}" for i in range(layers)]
+    history = RunHistory(capacity=8)
+    rng = np.random.default_rng(3)
+    zeros = np.zeros(layers, dtype=np.int64)
+    for step in range(steps):
+        norms = 10.0 ** rng.uniform(-3, 3, layers)
+        if step == 1500:
+            norms[5], norms[6], norms[7] = 1e30, 1e-12, np.nan
+        stats = StepStats(step=step, loss=1.0, total_grad_norm=1.0, grad_norm=norms,
+                          max_abs=norms, weight_norm=np.ones(layers), nan_count=zeros,
+                          inf_count=zeros, status=classify(norms, zeros, 1e40, 1e-20),
+                          param_grad_norm=norms)
+        history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
+    plot = _shown_plot(qtbot, GradientNormPlot)
+    plot.refresh(_view(names, history))
+    for low, high in ((0, steps), (1400, 1600), (1490, 1510)):
+        plot.item.setXRange(low, high, padding=0)
+        plot.widget.grab()  # settles the auto-range
+        (_, _), (bottom, top) = plot.item.vb.viewRange()
+        assert top >= 30 and bottom <= -12, (low, high, bottom, top)
+        assert any(abs(spot.pos().x() - 1500) < 0.5 for spot in plot.markers.points())
+        for curve in plot.group_curves.values():
+            x, y = curve.getData()
+            connect = curve.opts["connect"]
+            if not len(x):
+                continue
+            assert np.isfinite(y).all() and not connect[-1]
+            lines = curve._lines.ndarray()
+            assert len(lines) == int(connect.sum())
+            # Each segment goes from a point to the next one of the same layer (never back to
+            # the start of the next layer).
+            assert np.array_equal(lines[:, 0], x[connect])
+            assert np.array_equal(lines[:, 1], y[connect])
+            assert np.array_equal(lines[:, 2], np.roll(x, -1)[connect])
+            assert np.array_equal(lines[:, 3], np.roll(y, -1)[connect])
+            assert (lines[:, 2] >= lines[:, 0]).all()
+            assert curve.dataBounds(1) == (float(y.min()), float(y.max()))
+            assert curve.dataBounds(0) == (float(x.min()), float(x.max()))

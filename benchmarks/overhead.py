@@ -6,8 +6,10 @@ Variants, all on the same model and batch, interleaved in shuffled rounds within
 process so that machine drift (thermal, other load) hits them alike:
 
 - ``plain``: no instrumentation;
-- ``gradscope``: ``gradscope.watch(model)`` (every parameterised layer, default statistics)
-  and ``watch.collect(loss)`` after each backward;
+- ``gradscope``: ``gradscope.watch(model)`` (every parameterised layer, default statistics:
+  gradient norms every step, max |g| and weight norms every 10th) and ``watch.collect(loss)``
+  after each backward;
+- ``gradscope_detail1``: the same with ``detail_every=1`` (every statistic every step);
 - ``seed_hook``: the seed's approach, a ``Tensor.register_hook`` on every parameter calling
   ``torch.isnan(grad).any()``, ``torch.isinf(grad).any()`` and ``grad.norm().item()``;
 - ``detect_anomaly``: forward and backward under ``torch.autograd.detect_anomaly()``;
@@ -61,7 +63,7 @@ if str(ROOT) not in sys.path:
 
 import gradscope  # noqa: E402
 
-VARIANTS = ("plain", "gradscope", "seed_hook", "detect_anomaly", "reads_only")
+VARIANTS = ("plain", "gradscope", "gradscope_detail1", "seed_hook", "detect_anomaly", "reads_only")
 
 
 # -- models ---------------------------------------------------------------------------
@@ -74,6 +76,7 @@ class Case:
     steps: int
     target: float | None
     budget_s: float
+    target_detail1: float | None = None  # the watch with detail_every=1
 
 
 def _mlp(device: torch.device):
@@ -121,9 +124,31 @@ def _transformer(device: torch.device):
     return model, x, y, nn.functional.cross_entropy
 
 
+class _ManySmall(nn.Module):
+    """1,500 x (Linear(16, 16) + LayerNorm(16)): 3,000 small parameterised layers."""
+
+    def __init__(self, blocks: int = 1500, width: int = 16) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width)) for _ in range(blocks)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def _many_small(device: torch.device):
+    model = _ManySmall().to(device)
+    x = torch.randn(32, 16, device=device)
+    y = torch.randint(0, 16, (32,), device=device)
+    return model, x, y, nn.functional.cross_entropy
+
+
 def cases(device: torch.device) -> list[Case]:
     found = [
-        Case("mlp", "20-layer MLP, width 256, batch 32", _mlp, 80, 8, 1.05, 40),
+        Case("mlp", "20-layer MLP, width 256, batch 32", _mlp, 80, 8, 1.10, 40, 1.20),
         Case(
             "resnet18",
             "torchvision resnet18, batch 16, 64x64",
@@ -134,12 +159,21 @@ def cases(device: torch.device) -> list[Case]:
             100,
         ),
         Case(
+            "many_layers",
+            "3,000 small layers: 1,500 x (Linear(16,16) + LayerNorm(16)), batch 32",
+            _many_small,
+            30,
+            4,
+            1.30,
+            100,
+        ),
+        Case(
             "transformer",
             "4-layer transformer encoder, d=128, seq 64, batch 16",
             _transformer,
             60,
             4,
-            1.03,
+            1.02,
             70,
         ),
     ]
@@ -214,6 +248,7 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     watch = gradscope.watch(model)
+    watch_detail1 = gradscope.watch(model, detail_every=1)
     params = [p for p in model.parameters() if p.requires_grad]
     seed = SeedHook(model)
     cuda = device.type == "cuda"
@@ -232,6 +267,8 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
             loss.backward()
             if variant == "gradscope":
                 _watch_collect(watch, loss, cuda)
+            elif variant == "gradscope_detail1":
+                _watch_collect(watch_detail1, loss, cuda)
             elif variant == "reads_only":
                 _reads_only(params, loss)
         optimizer.step()
@@ -264,6 +301,7 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
         rounds += 1
     elapsed = time.perf_counter() - started
     watch.close()
+    watch_detail1.close()
 
     result = {
         "description": case.description,
@@ -275,6 +313,7 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
         "seconds": round(elapsed, 1),
         "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "target_gradscope": case.target,
+        "target_gradscope_detail1": case.target_detail1,
         "variants": {},
     }
     plain_p10 = _quantile(sorted(every["plain"]), 0.1)
@@ -299,6 +338,9 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
             (case.target is None or g <= case.target)
             and g < result["variants"]["seed_hook"][figure]
         )
+        if case.target_detail1 is not None:
+            g = result["variants"]["gradscope_detail1"][figure]
+            result[key + "_detail1"] = bool(g <= case.target_detail1)
     return result
 
 
@@ -345,6 +387,12 @@ def print_table(results: dict, header: str) -> None:
         verdict = "met" if res["meets_target"] else "MISSED"
         verdict_p10 = "met" if res["meets_target_p10"] else "MISSED"
         load = res["load_average_1min"]
+        if res.get("target_gradscope_detail1") is not None:
+            met = "met" if res["meets_target_detail1"] else "MISSED"
+            print(
+                f"{'':<12} target: gradscope_detail1 <= {res['target_gradscope_detail1']}x: "
+                f"{met} (median ratio)"
+            )
         print(
             f"{'':<12} target: gradscope <= {target}x and below seed_hook: {verdict} "
             f"(median ratio), {verdict_p10} (p10 ratio)\n"
@@ -356,7 +404,9 @@ def print_table(results: dict, header: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="*", help="subset of: mlp resnet18 transformer resnet50")
+    parser.add_argument(
+        "--models", nargs="*", help="subset of: mlp resnet18 many_layers transformer resnet50"
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply rounds and time budgets")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")

@@ -599,7 +599,7 @@ class GradientWatch:
             params = group.params
             grads = [p.grad for p in params]
             present = None
-            if None in grads:
+            if any(g is None for g in grads):
                 present = [i for i, g in enumerate(grads) if g is not None]
                 if not present:
                     continue

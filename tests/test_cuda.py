@@ -61,3 +61,37 @@ def test_origins_on_cuda():
     model = BackwardNaN().cuda()
     origin = locate_first_nonfinite(model, lambda: model(x).sum())
     assert (origin.phase, origin.module, origin.tensor) == ("backward", "gate", "scale.grad")
+
+
+def test_collect_synchronises_once_per_step_on_normal_vanishing_and_nan_steps():
+    """Issue #17: no host synchronisation per layer. ``set_sync_debug_mode("error")`` around
+    the whole collect() (the transfer's explicit event wait is allowed; an implicit sync
+    inside an operation raises), on a normal step, a vanishing step (tiny gradients are
+    recomputed exactly) and a NaN step (NaN/Inf counted)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)]).cuda()
+    watch = GradientWatch(model, detail_every=1)
+    model(torch.randn(16, 64, device="cuda")).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+
+    def collect_strictly():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return watch.collect()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    stats = collect_strictly()
+    assert stats.param_grad_norm[0] == pytest.approx(
+        torch.linalg.vector_norm(grads[0]).item(), rel=1e-5
+    )
+    for p, g in zip(model.parameters(), grads, strict=True):
+        p.grad = g * 1e-30  # squares underflow float32: recomputed exactly, in one batch
+    stats = collect_strictly()
+    assert stats.param_grad_norm[0] == pytest.approx(
+        torch.linalg.vector_norm(grads[0].double()).item() * 1e-30, rel=1e-4
+    )
+    model[0].weight.grad[0, 0] = float("nan")
+    stats = collect_strictly()
+    assert stats.nonfinite and stats.nan_count[0] == 1

@@ -239,6 +239,20 @@ def _norm_dtype(tensor: torch.Tensor) -> torch.dtype | None:
     return torch.float32 if tensor.dtype in _HALF_DTYPES else None
 
 
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """A device tensor's values on the host by a non-blocking copy into pinned memory and an
+    event: an explicit wait, not an implicit synchronisation inside an operation (which
+    ``torch.cuda.set_sync_debug_mode("error")`` refuses)."""
+    if tensor.device.type != "cuda":
+        return tensor.numpy()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    event.synchronize()
+    return host.numpy()
+
+
 def _values(grad: torch.Tensor) -> torch.Tensor:
     """The numbers of a gradient: a sparse gradient's stored values, a complex one's moduli
     (so that max |g| and the NaN/Inf counts read what they say)."""
@@ -511,10 +525,10 @@ class GradientWatch:
             if group.sharded:
                 squares = torch.stack([local(p).double().square().sum() for p in group.params])
                 squares = self._exchange_sum(squares) / group.replicas
-                norms[group.index_array] = squares.sqrt().cpu().numpy()
+                norms[group.index_array] = _host(squares.sqrt())
                 continue
             values = torch._foreach_norm(group.params, 2, dtype=_norm_dtype(group.params[0]))
-            norms[group.index_array] = torch.stack(values).double().cpu().numpy()
+            norms[group.index_array] = _host(torch.stack(values).double())
         return norms
 
     def _exchange_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -1146,7 +1160,7 @@ class GradientWatch:
         ]
         if self._sharded:  # shards: counts summed over the ranks (one device per rank)
             pairs = list(self._exchange_sum(torch.stack(pairs)))
-        counts = [pair.cpu().numpy() for pair in pairs]  # devices may differ
+        counts = [_host(pair) for pair in pairs]  # devices may differ
         finite = []
         for index, (nans, infs) in zip(suspects, counts, strict=True):
             nan_out[index], inf_out[index] = int(nans), int(infs)
@@ -1162,7 +1176,7 @@ class GradientWatch:
         the ranks."""
         if self._sharded:
             squares = torch.stack([_values(g).double().square().sum() for g in grads])
-            return self._exchange_sum(squares).sqrt().cpu().numpy()
+            return _host(self._exchange_sum(squares).sqrt())
         out = np.zeros(len(grads))
         by_device: dict[torch.device, list[int]] = {}
         for k, grad in enumerate(grads):
@@ -1177,7 +1191,7 @@ class GradientWatch:
                 scale = values.abs().max()
                 safe = torch.where(scale > 0, scale, torch.ones_like(scale))
                 figures.append(torch.stack([scale, torch.linalg.vector_norm(values / safe)]))
-            pairs = torch.stack(figures).cpu().numpy()
+            pairs = _host(torch.stack(figures))
             with np.errstate(invalid="ignore"):
                 out[positions] = pairs[:, 0] * pairs[:, 1]
         return out
@@ -1210,7 +1224,7 @@ class GradientWatch:
             norms = torch._foreach_norm(diffs, 2, dtype=_norm_dtype(now[0]))
             pending.append((indices, torch.stack(norms)))
         for indices, norms in pending:
-            delta[indices] = norms.double().cpu().numpy()
+            delta[indices] = _host(norms.double())
         self._weights_before = None
         with np.errstate(divide="ignore", invalid="ignore"):
             layer_delta = np.sqrt(np.add.reduceat(np.square(delta[self._members]), self._offsets))

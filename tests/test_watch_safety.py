@@ -482,3 +482,44 @@ def test_gradscope_run_goes_on_when_its_diagnosis_fails(write_script, tmp_path, 
     assert data["steps_run"] == 3
     assert data["first_nonfinite"]["phase"] == "unknown"
     assert "cannot run a step twice" in data["first_nonfinite"]["reason"]
+
+
+def test_a_timed_out_rerun_still_restores_gradients_and_buffers():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    watch = gradscope.watch(model, locate_timeout=0.2)
+    x = torch.randn(4, 6)
+    x[0, 0] = float("nan")
+    loss = model(x).square().mean()
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    buffers = [b.clone() for b in model.buffers()]
+
+    def slow_locate():
+        loss = model(x).square().mean()  # a forward, then past the deadline
+        time.sleep(0.3)
+        return loss + 0.0
+
+    stats = watch.collect(loss, locate=slow_locate)
+    assert "longer than 0.2 s" in stats.origin.details["reason"]
+    for p, g in zip(model.parameters(), grads, strict=True):
+        assert p.grad is not None and torch.equal(p.grad.nan_to_num(), g.nan_to_num())
+    for b, before in zip(model.buffers(), buffers, strict=True):
+        assert torch.equal(b.nan_to_num(), before.nan_to_num())
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_sparse_embedding_that_stores_nothing(small, monkeypatch):
+    import gradscope.core.watch as watch_module
+
+    if not small:  # the per-tensor (BLAS) path as well as the fused one
+        monkeypatch.setattr(watch_module, "_SMALL_NUMEL", 0)
+    embedding = nn.Embedding(10, 4, sparse=True, padding_idx=0)
+    watch = gradscope.watch(embedding, detail_every=1)
+    embedding(torch.zeros(3, dtype=torch.long)).sum().backward()  # only padding: nnz 0
+    stats = watch.collect()
+    assert stats.grad_norm.tolist() == [0.0] and stats.max_abs.tolist() == [0.0]
+    embedding.zero_grad()
+    embedding(torch.tensor([1, 2])).sum().backward()
+    stats = watch.collect()
+    assert stats.grad_norm[0] == pytest.approx(2.0**0.5 * 2.0) and stats.max_abs[0] == 1.0

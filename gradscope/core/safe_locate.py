@@ -43,15 +43,19 @@ class LocateTimeout(Exception):
 
 
 class _Deadline(TorchFunctionMode):
-    """Checks the clock at every torch operation of the re-run's forward and loss."""
+    """Checks the clock at every torch operation of the re-run's forward and loss. It stops
+    the re-run once: the operations after that are the re-run's own restore (buffers,
+    weights, gradients), which must run to its end."""
 
     def __init__(self, seconds: float) -> None:
         super().__init__()
         self.deadline = time.monotonic() + seconds
         self.seconds = seconds
+        self.fired = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if time.monotonic() > self.deadline:
+        if not self.fired and time.monotonic() > self.deadline:
+            self.fired = True
             raise LocateTimeout(f"the re-run took longer than {self.seconds:g} s")
         return func(*args, **(kwargs or {}))
 

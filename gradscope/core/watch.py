@@ -596,8 +596,10 @@ class GradientWatch:
         return self._step % self.detail_every == 0
 
     def _launch(
-        self, loss: Any, batch: Any, *, detail: bool, facts: bool
+        self, loss: Any, batch: Any, *, detail: bool, facts: bool, sharded: bool = True
     ) -> list[tuple[torch.Tensor, list, Any]]:
+        """``sharded=False``: leave the sharded groups out (the second read of a step, which
+        must run no collective: their figures came complete with the first)."""
         loss = None if loss is None else loss_from_output(loss)
         if type(self.model) is not self._root_class:  # sharded (or re-wrapped) since
             self._bind()
@@ -621,6 +623,8 @@ class GradientWatch:
                 params = [params[i] for i in present]
             if group.sparse_capable:
                 grads = [_values(g) for g in grads]
+            if group.sharded and not sharded:
+                continue
             if group.sharded:
                 self._launch_sharded(group, grads, params, shared, shared_kinds)
                 shared_layout.append(
@@ -664,7 +668,10 @@ class GradientWatch:
                 pieces += torch._foreach_norm(
                     grads + params if detail else grads, 2, dtype=norm_dtype
                 )
-                if detail and group.empty:
+                if detail and group.sparse_capable:  # a sparse gradient can store nothing
+                    nonempty = [k for k, g in enumerate(grads) if g.numel()]
+                    grads = [grads[k] for k in nonempty]
+                elif detail and group.empty:
                     positions = present if present is not None else range(len(group.params))
                     nonempty = [k for k, i in enumerate(positions) if i not in group.empty]
                     grads = [grads[k] for k in nonempty]
@@ -915,7 +922,8 @@ class GradientWatch:
         changed = self._previous_status is None or not np.array_equal(status, self._previous_status)
         if not figures.detail and (trouble or changed or (status == STATUS_NONFINITE).any()):
             # A step that goes wrong or changes status always gets the detail: read it now.
-            param_max = self._read(self._launch(None, None, detail=True, facts=False)).param_max
+            again = self._read(self._launch(None, None, detail=True, facts=False, sharded=False))
+            param_max = np.where(again.has_grad, again.param_max, param_max)
             figures.detail = True
         self._previous_status = status
         max_abs = weight_norm = None
@@ -1154,13 +1162,21 @@ class GradientWatch:
     ) -> None:
         # Only on steps where something is already wrong: count NaN and Inf separately, and
         # tell a real Inf element from a sum of squares that overflowed.
-        pairs = [
-            torch.stack([g.isnan().sum(), g.isinf().sum()])
-            for g in (_values(self._params[index].grad) for index in suspects)
-        ]
-        if self._sharded:  # shards: counts summed over the ranks (one device per rank)
-            pairs = list(self._exchange_sum(torch.stack(pairs)))
-        counts = [_host(pair) for pair in pairs]  # devices may differ
+        grads = [self._params[index].grad for index in suspects]
+        by_device: dict[torch.device, list[int]] = {}
+        for k, grad in enumerate(grads):
+            by_device.setdefault(local(grad).device, []).append(k)
+        counts: list[Any] = [None] * len(grads)
+        for positions in by_device.values():  # one read per device
+            values = [_values(grads[k]) for k in positions]
+            pairs = torch.stack([torch.stack([v.isnan().sum(), v.isinf().sum()]) for v in values])
+            sharded = [i for i, k in enumerate(positions) if is_sharded(grads[k])]
+            if sharded and self._exchange is not None:
+                # Shards' counts summed over the ranks (every rank has the same sharded
+                # suspects: their figures were reduced); other parameters' are this rank's.
+                pairs[sharded] = self._exchange_sum(pairs[sharded].contiguous())
+            for k, pair in zip(positions, _host(pairs), strict=True):
+                counts[k] = pair
         finite = []
         for index, (nans, infs) in zip(suspects, counts, strict=True):
             nan_out[index], inf_out[index] = int(nans), int(infs)
@@ -1174,9 +1190,15 @@ class GradientWatch:
         scaled by its own max |g| so that no square overflows or underflows. Shards: float64
         sums of squares (float32 values neither overflow nor underflow there), summed over
         the ranks."""
-        if self._sharded:
-            squares = torch.stack([_values(g).double().square().sum() for g in grads])
-            return _host(self._exchange_sum(squares).sqrt())
+        sharded = [k for k, g in enumerate(grads) if is_sharded(g)]
+        if sharded and self._exchange is not None:
+            squares = torch.stack([_values(grads[k]).double().square().sum() for k in sharded])
+            out = np.zeros(len(grads))
+            out[sharded] = _host(self._exchange_sum(squares).sqrt())
+            rest = [k for k in range(len(grads)) if k not in set(sharded)]
+            if rest:
+                out[rest] = self._exact_norms([grads[k] for k in rest])
+            return out
         out = np.zeros(len(grads))
         by_device: dict[torch.device, list[int]] = {}
         for k, grad in enumerate(grads):

@@ -73,6 +73,7 @@ def running_locally(model: nn.Module) -> Iterator[nn.Module]:
     eager = chain[-1]
     saved: list[tuple[nn.Module, str, object, bool]] = []
     with contextlib.ExitStack() as stack:
+        stack.callback(_restore, saved)  # also when entering a no_sync() fails half-way
         for wrapper, inner in itertools.pairwise(chain):
             had = "forward" in wrapper.__dict__
             saved.append((wrapper, "forward", wrapper.__dict__.get("forward"), had))
@@ -87,11 +88,12 @@ def running_locally(model: nn.Module) -> Iterator[nn.Module]:
             if compiled is not None:
                 saved.append((module, "_compiled_call_impl", compiled, True))
                 module.__dict__["_compiled_call_impl"] = None
-        try:
-            yield eager
-        finally:
-            for module, attribute, value, had in reversed(saved):
-                if had:
-                    module.__dict__[attribute] = value
-                else:
-                    module.__dict__.pop(attribute, None)
+        yield eager
+
+
+def _restore(saved: list[tuple[nn.Module, str, object, bool]]) -> None:
+    for module, attribute, value, had in reversed(saved):
+        if had:
+            module.__dict__[attribute] = value
+        else:
+            module.__dict__.pop(attribute, None)

@@ -574,6 +574,7 @@ def test_report_json_has_the_schema_of_run_json(tmp_path, capsys, write_script):
         "loss",
         "total_grad_norm",
         "first_nonfinite",
+        "nonfinite_origins",
         "error",
         "run_events",
         "layers",

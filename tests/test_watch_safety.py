@@ -523,3 +523,50 @@ def test_sparse_embedding_that_stores_nothing(small, monkeypatch):
     embedding(torch.tensor([1, 2])).sum().backward()
     stats = watch.collect()
     assert stats.grad_norm[0] == pytest.approx(2.0**0.5 * 2.0) and stats.max_abs[0] == 1.0
+
+
+def test_every_episode_reaches_the_recording_the_report_and_the_json(tmp_path, capsys):
+    from gradscope.cli import main
+    from gradscope.core.recording import RecordingReader
+    from gradscope.core.report import build_report
+
+    model = gated_model()
+    with gradscope.watch(model, record=tmp_path / "e.gsrec") as watch:
+        for step in range(8):
+            model[2].broken = step in (1, 5)
+            one_step(model, watch)
+    with RecordingReader(tmp_path / "e.gsrec") as reader:
+        _, history = reader.load()
+    assert [o.step for o in history.origins] == [1, 5]
+    assert history.first_nonfinite.step == 1
+    origins = build_report("e", "cpu", history)["nonfinite_origins"]
+    assert [(o["step"], o["module"], o["op"]) for o in origins] == [
+        (1, "2", "torch.sqrt"),
+        (5, "2", "torch.sqrt"),
+    ]
+    out = tmp_path / "r.json"
+    assert main(["report", str(tmp_path / "e.gsrec"), "--json", str(out)]) == 0
+    capsys.readouterr()
+    assert [o["step"] for o in json.loads(out.read_text())["nonfinite_origins"]] == [1, 5]
+
+
+def test_complex_parameters():
+    class Spectral(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(4, 4, dtype=torch.complex64))
+
+        def forward(self, x):
+            return (x.to(torch.complex64) @ self.weight).abs()
+
+    model = Spectral()
+    watch = gradscope.watch(model, detail_every=1)
+    model(torch.randn(3, 4)).sum().backward()
+    stats = watch.collect()
+    grad = model.weight.grad
+    assert stats.grad_norm[0] == pytest.approx(float(torch.linalg.vector_norm(grad)), rel=1e-5)
+    assert stats.max_abs[0] == pytest.approx(float(grad.abs().max()), rel=1e-6)
+    assert stats.weight_norm[0] == pytest.approx(
+        float(torch.linalg.vector_norm(model.weight.detach())), rel=1e-5
+    )
+    assert not stats.nonfinite

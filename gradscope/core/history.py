@@ -120,6 +120,8 @@ class RunHistory:
         self.worst_status = np.zeros(0, dtype=np.uint8)
         self.events: list[Event] = []
         self.first_nonfinite: Origin | None = None
+        # Every NaN/Inf episode's origin, in order (the first is ``first_nonfinite``).
+        self.origins: list[Origin] = []
         self._previous_status: dict[str, int] = {}
 
     # -- shape -------------------------------------------------------------------------
@@ -201,8 +203,10 @@ class RunHistory:
             self.worst_status[columns] = np.maximum(self.worst_status[columns], stats.status)
             self._note_onsets(step, layer_names, stats)
         self.count += 1
-        if origin is not None and self.first_nonfinite is None:
-            self.first_nonfinite = origin
+        if origin is not None:
+            self.origins.append(origin)
+            if self.first_nonfinite is None:
+                self.first_nonfinite = origin
             self.events.append(Event(step, "origin", origin.module, origin.describe()))
 
     def extend(
@@ -313,6 +317,11 @@ class RunHistory:
         # an "update" origin is one step after the origin's own (the optimizer step that
         # wrote the weights); the new branch re-runs that step and finds it again.
         found_at = next((e.step for e in self.events if e.kind == "origin"), None)
+        found_steps = [e.step for e in self.events if e.kind == "origin"]
+        if len(found_steps) == len(self.origins):  # each origin with the step that found it
+            self.origins = [o for o, s in zip(self.origins, found_steps, strict=True) if s < step]
+        else:
+            self.origins = [o for o in self.origins if o.step < step]
         self.events = [event for event in self.events if event.step < step]
         if self.first_nonfinite is not None:
             if found_at is None:

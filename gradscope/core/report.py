@@ -99,6 +99,8 @@ def build_report(
             json_number(v) if seen else None for v, seen in zip(total, watched, strict=True)
         ],
         "first_nonfinite": origin_to_json(history.first_nonfinite),
+        # Every NaN/Inf episode's origin (a run can break, recover and break again).
+        "nonfinite_origins": [origin_to_json(origin) for origin in history.origins],
         **mixed_precision_json(history),
         "error": None,
         "run_events": run_events(history),

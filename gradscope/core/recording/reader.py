@@ -102,6 +102,7 @@ class RecordingReader:
         self._last_row = -1
         self._last_event = 0
         self._last_rewind = 0
+        self._last_origin = 0
         self._layer_names: list[str] = []
         self._layer_types: list[str] = []
         self._layer_params: list[int] = []
@@ -161,7 +162,7 @@ class RecordingReader:
         step, plus every step with an event (onsets, the origin) and the last step; each
         layer's worst status still covers every step."""
         history = RunHistory()
-        self._last_row, self._last_event = -1, 0
+        self._last_row, self._last_event, self._last_origin = -1, 0, 0
         found = self._query("SELECT MAX(id) FROM rewinds")
         self._last_rewind = found[0][0] or 0
         self.loss_recorded = np.zeros(0, dtype=bool)
@@ -189,7 +190,12 @@ class RecordingReader:
         stride = 1
         if max_rows is not None:
             stride = max(1, math.ceil((stop - start_row) / max(1, max_rows)))
-        self._read(history, stride, (max(0, start_row), stop))
+        following = self._last_origin
+        self._last_origin = 0  # the window's history gets every origin too
+        try:
+            self._read(history, stride, (max(0, start_row), stop))
+        finally:
+            self._last_origin = following
         return history
 
     def _read(self, history: RunHistory, stride: int, window: tuple[int, int] | None = None) -> int:
@@ -413,10 +419,17 @@ class RecordingReader:
             history.events.append(Event(int(step), kind, layer, message))
             if follow:
                 self._last_event = int(event_id)
+        known = {f.name for f in dataclasses.fields(Origin)}
         if origin_data is not None and history.first_nonfinite is None:
             data = json.loads(origin_data)
-            known = {f.name for f in dataclasses.fields(Origin)}
             history.first_nonfinite = Origin(**{k: v for k, v in data.items() if k in known})
+        # Every episode's origin, each once (also when following a live recording).
+        for origin_id, data in self._connection.execute(
+            "SELECT id, data FROM origins WHERE id > ? ORDER BY id", (self._last_origin,)
+        ).fetchall():
+            parsed = json.loads(data)
+            history.origins.append(Origin(**{k: v for k, v in parsed.items() if k in known}))
+            self._last_origin = int(origin_id)
 
     # -- lazy reading -----------------------------------------------------------------
     def read_statistic(

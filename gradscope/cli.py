@@ -234,6 +234,16 @@ class _Progress:
             print(file=sys.stderr)
 
 
+def _say_summary(say: Any, history: Any) -> None:
+    """The per-layer table, and the loss scaler's line when the run had one."""
+    from gradscope.core.report import mixed_precision_line, summary_table
+
+    say(summary_table(history))
+    scaler_line = mixed_precision_line(history)
+    if scaler_line:
+        say(scaler_line)
+
+
 def run_command(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(list(argv))
     return _run(args)
@@ -260,8 +270,6 @@ def _run_one_process(args: argparse.Namespace) -> int:
     from gradscope.core.loading import load_with_settings
     from gradscope.core.report import (
         build_report,
-        mixed_precision_line,
-        summary_table,
         trace_to_json,
         write_json,
     )
@@ -343,10 +351,7 @@ def _run_one_process(args: argparse.Namespace) -> int:
             say(f", loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
         else:
             say()
-        say(summary_table(history))
-        scaler_line = mixed_precision_line(history)
-        if scaler_line:
-            say(scaler_line)
+        _say_summary(say, history)
     origin = history.first_nonfinite
     if origin is not None:
         _print_origin(origin, halted=runner is not None and runner.halted)
@@ -416,9 +421,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
     from gradscope.core.rank_facts import rank_lines, ranks_json
     from gradscope.core.report import (
         build_report,
-        mixed_precision_line,
         origin_to_json,
-        summary_table,
         trace_to_json,
         write_json,
     )
@@ -491,10 +494,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
             say(f", rank 0 loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
         else:
             say()
-        say(summary_table(history))
-        scaler_line = mixed_precision_line(history)
-        if scaler_line:
-            say(scaler_line)
+        _say_summary(say, history)
     for line in rank_lines(run.ranks):
         say(line)
     origin = run.origin
@@ -552,9 +552,7 @@ def report_command(argv: Sequence[str]) -> int:
     from gradscope.core.recording import RecordingReader, write_csv
     from gradscope.core.report import (
         build_report,
-        mixed_precision_line,
         run_events,
-        summary_table,
         write_json,
     )
     from gradscope.core.watch import STATUS_NONFINITE
@@ -581,10 +579,7 @@ def report_command(argv: Sequence[str]) -> int:
         say()
     if live:
         print("note: the recording is still being written", file=sys.stderr)
-    say(summary_table(history))
-    scaler_line = mixed_precision_line(history)
-    if scaler_line:
-        say(scaler_line)
+    _say_summary(say, history)
     for event in run_events(history):  # settings changes and rewinds
         say(f"step {event['step']}: {event['message']}")
     origin = history.first_nonfinite
@@ -625,9 +620,7 @@ def _report_rank_set(args: argparse.Namespace, recordings: Any) -> int:
     from gradscope.core.recording.rank_set import load_rank_set
     from gradscope.core.report import (
         build_report,
-        mixed_precision_line,
         origin_to_json,
-        summary_table,
         write_json,
     )
 
@@ -650,10 +643,7 @@ def _report_rank_set(args: argparse.Namespace, recordings: Any) -> int:
         print(f"note: {note}", file=sys.stderr)
     if loaded.live:
         print("note: the recordings are still being written", file=sys.stderr)
-    say(summary_table(history))
-    scaler_line = mixed_precision_line(history)
-    if scaler_line:
-        say(scaler_line)
+    _say_summary(say, history)
     for line in rank_lines(loaded.facts):
         say(line)
     chosen = located_origin(loaded.facts)

@@ -280,13 +280,7 @@ def load_torchvision(name: str, image_size: int = 224, weights: str | None = Non
 
         model = torchvision.models.get_model(name, weights=None)
         if state is not None:
-            try:
-                model.load_state_dict(state)
-            except RuntimeError as error:
-                raise GradScopeError(
-                    f"{weights} does not fit {name}: {str(error).splitlines()[0]}",
-                    str(error).splitlines()[1:6],
-                ) from None
+            load_weights(model, state, f"{weights} does not fit {name}")
         return model
 
     def make_batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,6 +297,16 @@ def load_torchvision(name: str, image_size: int = 224, weights: str | None = Non
         image_size=size,
         notes=notes,
     )
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], misfit: str) -> None:
+    """``model.load_state_dict(state)``; a state dict that does not fit the model is one
+    clear error (``misfit``: what to say first) with the first lines of torch's reasons."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        lines = str(error).splitlines()
+        raise GradScopeError(f"{misfit}: {lines[0]}", lines[1:6]) from None
 
 
 def _load_state_dict(path_text: str) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from gradscope.core.errors import GradScopeError
-from gradscope.core.loading import LoadedModel, _load_state_dict
+from gradscope.core.loading import LoadedModel, _load_state_dict, load_weights
 
 ZOO_PREFIXES = ("hf:", "timm:")
 DEFAULT_SEQ_LEN = 128
@@ -516,13 +516,7 @@ def _load_timm(
         except TypeError as error:
             raise GradScopeError(f"timm:{name}: --config: {error}") from None
         if state is not None:
-            try:
-                model.load_state_dict(state)
-            except RuntimeError as error:
-                raise GradScopeError(
-                    f"{weights} does not fit timm:{name}: {str(error).splitlines()[0]}",
-                    str(error).splitlines()[1:6],
-                ) from None
+            load_weights(model, state, f"{weights} does not fit timm:{name}")
         return model
 
     def make_batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -283,20 +283,26 @@ def load_torchvision(name: str, image_size: int = 224, weights: str | None = Non
             load_weights(model, state, f"{weights} does not fit {name}")
         return model
 
-    def make_batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        images = torch.randn(batch_size, 3, size, size, device=device)
-        labels = torch.randint(0, 1000, (batch_size,), device=device)
-        return images, labels
-
     return LoadedModel(
         source=name,
         display_name=f"torchvision {name}",
         build_model=build_model,
-        make_batch=make_batch,
+        make_batch=random_images(3, size, 1000),
         loss_fn=None,
         image_size=size,
         notes=notes,
     )
+
+
+def random_images(channels: int, size: int, classes: int) -> MakeBatch:
+    """``make_batch`` for an image classifier: random images and random labels."""
+
+    def make_batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        images = torch.randn(batch_size, channels, size, size, device=device)
+        labels = torch.randint(0, classes, (batch_size,), device=device)
+        return images, labels
+
+    return make_batch
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], misfit: str) -> None:

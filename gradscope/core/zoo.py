@@ -25,7 +25,12 @@ import torch
 from torch import nn
 
 from gradscope.core.errors import GradScopeError
-from gradscope.core.loading import LoadedModel, _load_state_dict, load_weights
+from gradscope.core.loading import (
+    LoadedModel,
+    _load_state_dict,
+    load_weights,
+    random_images,
+)
 
 ZOO_PREFIXES = ("hf:", "timm:")
 DEFAULT_SEQ_LEN = 128
@@ -519,16 +524,11 @@ def _load_timm(
             load_weights(model, state, f"{weights} does not fit timm:{name}")
         return model
 
-    def make_batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        images = torch.randn(batch_size, channels, size, size, device=device)
-        labels = torch.randint(0, num_classes, (batch_size,), device=device)
-        return images, labels
-
     return LoadedModel(
         source=source,
         display_name=f"timm {name}",
         build_model=build_model,
-        make_batch=make_batch,
+        make_batch=random_images(channels, size, num_classes),
         loss_fn=None,
         image_size=size,
         notes=notes,

@@ -51,6 +51,28 @@ class LossAccumulator:
         return total, count
 
 
+class CallbackViews:
+    """What every GradScope callback shows of its watch (``self._gradscope``)."""
+
+    _gradscope: CallbackWatch
+
+    @property
+    def path(self) -> Path | None:
+        """Where the recording is written (None before training starts, or on a process
+        that does not record)."""
+        return self._gradscope.path
+
+    @property
+    def watch(self) -> Any:
+        """The live watch while training runs (None otherwise)."""
+        return self._gradscope.watch
+
+    @property
+    def last_stats(self) -> Any:
+        """The last optimizer step's :class:`~gradscope.core.watch.StepStats`."""
+        return self._gradscope.last_stats
+
+
 class CallbackWatch:
     """The watch behind a callback, created when training starts (on the process that
     records) and closed when it ends."""

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from gradscope.integrations._callback import CallbackWatch, LossAccumulator
+from gradscope.integrations._callback import CallbackViews, CallbackWatch, LossAccumulator
 
 
-class LightningGradScope:
+class LightningGradScope(CallbackViews):
     """Per-layer gradient statistics of every optimizer step of a Lightning Trainer,
     recorded for ``gradscope report`` and the app (``gradscope open``).
 
@@ -43,22 +42,6 @@ class LightningGradScope:
         super().__init__()
         self._gradscope = CallbackWatch(record, layers, detail_every, open_app, watch_options)
         self._losses = LossAccumulator()
-
-    @property
-    def path(self) -> Path | None:
-        """Where the recording is written (None before training starts, or on a process
-        that does not record)."""
-        return self._gradscope.path
-
-    @property
-    def watch(self) -> Any:
-        """The live watch while training runs (None otherwise)."""
-        return self._gradscope.watch
-
-    @property
-    def last_stats(self) -> Any:
-        """The last optimizer step's :class:`~gradscope.core.watch.StepStats`."""
-        return self._gradscope.last_stats
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._losses.take()

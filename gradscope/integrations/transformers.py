@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,12 +25,12 @@ except ImportError as _missing:
         name=_missing.name,
     ) from None
 
-from gradscope.integrations._callback import CallbackWatch, LossAccumulator
+from gradscope.integrations._callback import CallbackViews, CallbackWatch, LossAccumulator
 
 __all__ = ["GradScopeCallback"]
 
 
-class GradScopeCallback(TrainerCallback):
+class GradScopeCallback(CallbackViews, TrainerCallback):
     """Per-layer gradient statistics of every optimizer step of a transformers Trainer,
     recorded for ``gradscope report`` and the app (``gradscope open``).
 
@@ -79,22 +78,6 @@ class GradScopeCallback(TrainerCallback):
         self._collected: int | None = None
         self._unwrap: Any = None
         self._loss_scale = 1
-
-    @property
-    def path(self) -> Path | None:
-        """Where the recording is written (None before training starts, or on a process
-        that does not record)."""
-        return self._gradscope.path
-
-    @property
-    def watch(self) -> Any:
-        """The live watch while training runs (None otherwise)."""
-        return self._gradscope.watch
-
-    @property
-    def last_stats(self) -> Any:
-        """The last optimizer step's :class:`~gradscope.core.watch.StepStats`."""
-        return self._gradscope.last_stats
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs):
         self._stop()

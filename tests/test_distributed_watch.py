@@ -9,7 +9,13 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from models.distributed_workers import WORKER_SECONDS, ddp_nan_in_one_rank, fsdp2_statistics
+from models.distributed_workers import (
+    WORKER_SECONDS,
+    ddp_nan_in_one_rank,
+    fsdp1_statistics,
+    fsdp2_statistics,
+    hsdp_statistics,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch built without torch.distributed"
@@ -84,3 +90,53 @@ def test_fsdp2_statistics_equal_an_unsharded_copy_with_one_collective(tmp_path):
                 assert len(got["losses"]) == 2
         origin = facts["fsdp_origin"]
         assert origin["phase"] == "unknown" and "FSDP" in origin["details"]["reason"]
+
+
+def check_sharded_run(facts: dict) -> None:
+    """Every step's statistics equal the unsharded reference's (detail where the watch read
+    it), NaN counts too, each with one all_gather per collect() on a plain step."""
+    assert facts["names"]["early"] == facts["expected_names"]
+    assert facts["names"]["late"] == facts["expected_names"]
+    for step, entry in enumerate(facts["steps"]):
+        for label in ("early", "late"):
+            got = entry[label]
+            assert got["status"] == got["expected_status"], (step, label, got)
+            assert got["nan"] == got["expected_nan"], (step, label, got)
+            if got["expected_nan"] == [0] * len(got["nan"]):
+                assert got["grad_norm"] < 1e-5, (step, label, got)
+                assert got["total"] < 1e-4, (step, label, got)
+                for key in ("max_abs", "weight_norm"):
+                    assert got[key] is None or got[key] < 1e-5, (step, label, key, got)
+        # detail_every=1: every step has the detail; the default watch on its first step
+        assert entry["early"]["max_abs"] is not None
+        if step == 0:
+            assert entry["late"]["max_abs"] is not None
+        if step == 2:  # a step like the one before it: norms only, one collective
+            assert entry["late"]["max_abs"] is None
+            assert entry["late_collectives"] == {
+                "all_gather_into_tensor": 1,
+                "all_reduce": 0,
+                "all_gather": 0,
+                "broadcast": 0,
+            }
+    assert facts["steps"][3]["broken"] == [0]
+
+
+def test_fsdp1_with_orig_params_equals_an_unsharded_copy(tmp_path):
+    for facts in run_workers(fsdp1_statistics, tmp_path):
+        check_sharded_run(facts)
+        more = facts["more"]
+        # Wrapped whole after the watch: right figures, and a warning that says why the
+        # wrapper is out of reach. Without use_orig_params: one layer per unit, whole sizes.
+        assert more["early"] < 1e-5
+        assert more["units_total"] < 1e-5
+        assert more["units"] == ["", "0", "2", "4"]
+        assert more["unit_sizes"] == [10, 49, 40, 6]
+        said = " ".join(more["warnings"])
+        assert "before FSDP wrapped it whole" in said
+        assert "use_orig_params=True" in said
+
+
+def test_hsdp_replicated_shards_are_counted_once(tmp_path):
+    for facts in run_workers(hsdp_statistics, tmp_path):
+        check_sharded_run(facts)

@@ -1,6 +1,8 @@
 """The model's module tree as plain data, and the choice of which layers to watch.
 
-A layer is a module of ``named_modules()``, named by its dotted path (``""`` is the root).
+A layer is a module of ``named_modules()``, named by its dotted path (``""`` is the root)
+as the user wrote it: wrappers inside the model (FSDP1, checkpoint_wrapper) are looked
+through (see :func:`gradscope.core.wrappers.named_layers`).
 The tree is plain Python so that the GUI can wrap it in a Qt item model and a recording can
 store it without a model at hand.
 """
@@ -14,6 +16,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from gradscope.core.errors import GradScopeError
+from gradscope.core.sharded import full_numel
+from gradscope.core.wrappers import named_layers
 
 
 @dataclass(eq=False)
@@ -87,9 +91,9 @@ def _parent_name(name: str, known: dict[str, ModuleNode]) -> str:
 def build_module_tree(model: nn.Module) -> ModuleTree:
     nodes: dict[str, ModuleNode] = {}
     root: ModuleNode | None = None
-    for name, module in model.named_modules():
-        own = sum(p.numel() for p in module.parameters(recurse=False))
-        total = sum(p.numel() for p in module.parameters())
+    for name, module in named_layers(model).items():
+        own = sum(full_numel(p) for p in module.parameters(recurse=False))
+        total = sum(full_numel(p) for p in module.parameters())
         node = ModuleNode(name, type(module).__name__, own, total)
         if root is None:
             root = node
@@ -108,7 +112,7 @@ def parameterised_layers(model: nn.Module) -> list[str]:
     keeps histories and recordings the same width)."""
     return [
         name
-        for name, module in model.named_modules()
+        for name, module in named_layers(model).items()
         if next(module.parameters(recurse=False), None) is not None
     ]
 
@@ -121,7 +125,8 @@ def select_layers(model: nn.Module, patterns: Iterable[str] | None) -> list[str]
     if patterns is None:
         return parameterised_layers(model)
     patterns = list(patterns)
-    names = [name for name, _ in model.named_modules()]
+    modules = named_layers(model)
+    names = list(modules)
     chosen: set[str] = set()
     for pattern in patterns:
         matched = [n for n in names if n == pattern or fnmatch.fnmatchcase(n, pattern)]
@@ -130,10 +135,7 @@ def select_layers(model: nn.Module, patterns: Iterable[str] | None) -> list[str]
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise GradScopeError(f"no layer matches {pattern!r}{hint}")
         chosen.update(matched)
-    modules = dict(model.named_modules())
-    selected = [
-        n for n in names if n in chosen and next(modules[n].parameters(), None) is not None
-    ]
+    selected = [n for n in names if n in chosen and next(modules[n].parameters(), None) is not None]
     if not selected:
         raise GradScopeError(
             f"layers={patterns!r} match only modules without parameters "

@@ -3,10 +3,16 @@
 Under DDP every rank holds the whole, already all-reduced gradient: its statistics need no
 collective. Under FSDP2 (``torch.distributed.fsdp.fully_shard``) parameters and gradients
 are DTensors and each rank holds a shard: the whole tensor's sum of squares is the sum of
-the shards', its max |g| the maximum of theirs. Gathering whole tensors (``full_tensor()``)
-would move the model across the network at every step; instead each rank packs its local
-figures into one small vector and one ``all_gather`` per step brings every rank's vector,
-which each rank reduces locally (a sum for sums of squares, a maximum for max |g|).
+the shards', its max |g| the maximum of theirs. Under FSDP1 (``FullyShardedDataParallel``)
+with ``use_orig_params=True`` each parameter is a flat view of the elements this rank's
+shard of its unit holds (none at all on some ranks, whose gradient is then None): the same
+sums and maxima apply (:class:`FlatShard`). Without ``use_orig_params`` the unit's
+FlatParameter is the only parameter, and is read the same way.
+
+Gathering whole tensors (``full_tensor()``) would move the model across the network at every
+step; instead each rank packs its local figures into one small vector and one
+``all_gather`` per step brings every rank's vector, which each rank reduces locally (a sum
+for sums of squares, a maximum for max |g|).
 
 The same gather carries the per-rank facts: each rank's loss and whether its own batch or
 loss went non-finite, so every rank knows which rank broke first (under DDP, a NaN in one
@@ -63,6 +69,86 @@ def replicas(tensor: torch.Tensor) -> int:
         if isinstance(placement, Replicate):
             count *= tensor.device_mesh.size(dim)
     return count
+
+
+def full_numel(tensor: torch.Tensor) -> int:
+    """The whole parameter's number of elements, on any rank (a DTensor's is global; an
+    FSDP1 view's is only this rank's part: its unit knows the whole)."""
+    spec = getattr(tensor, "_gradscope_flat_shard", None)
+    return spec.numel if spec is not None else tensor.numel()
+
+
+@dataclass(frozen=True)
+class FlatShard:
+    """An FSDP1 parameter on this rank: some of its elements (a flat view into the shard of
+    its unit's FlatParameter), or none. ``handle``: the unit's FlatParamHandle (None when
+    out of reach, see :func:`flat_shards`); ``numel``: the whole parameter's elements;
+    ``replicas``: ranks holding the same shard (HSDP)."""
+
+    handle: Any
+    numel: int
+    replicas: int
+
+    def has_gradient(self, param: torch.Tensor) -> bool:
+        """Whether the parameter got a gradient this step, the same on every rank: the unit
+        has one (a rank whose shard holds none of the parameter's elements sees None)."""
+        if not param.requires_grad or self.handle is None:
+            return param.requires_grad
+        try:
+            return self.handle.sharded_grad is not None
+        except Exception:  # a training state where FSDP refuses to say: its own field
+            return self.handle.flat_param.grad is not None
+
+
+def flat_shards(model: torch.nn.Module) -> tuple[dict[int, FlatShard], bool]:
+    """The FSDP1-sharded parameters of ``model``, by ``id`` (none without FSDP1 or with its
+    NO_SHARD strategy: whole, all-reduced gradients, as under DDP), and whether some
+    parameter was taken into a unit the model does not lead to (a watch made on the model
+    before ``FullyShardedDataParallel(model)`` wrapped it, with no unit inside it). Each is
+    also marked (``_gradscope_flat_shard``) for :func:`full_numel`."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        return {}, False
+    handles: dict[int, Any] = {}
+    for module in model.modules():
+        if not isinstance(module, FullyShardedDataParallel):
+            continue
+        found = [getattr(module, "_handle", None)]
+        # A model wrapped by FSDP after watch() was made on it does not hold the root unit
+        # (the wrapper holds the model): every unit knows all handles after a forward.
+        found += getattr(getattr(module, "_exec_order_data", None), "all_handles", [])
+        handles.update((id(handle), handle) for handle in found if handle is not None)
+    out: dict[int, FlatShard] = {}
+    known: set[int] = set()
+    for handle in handles.values():
+        known.update(map(id, handle.flat_param._params or [handle.flat_param]))
+        if not handle.uses_sharded_strategy:
+            continue
+        flat = handle.flat_param
+        world = torch.distributed.get_world_size()
+        replicas = max(1, world // torch.distributed.get_world_size(handle.process_group))
+        if flat._params is None:  # use_orig_params=False: the unit is one parameter
+            pairs = [(flat, int(flat._unpadded_unsharded_size.numel()))]
+        else:
+            pairs = list(zip(flat._params, (int(n) for n in flat._numels), strict=True))
+        for param, numel in pairs:
+            spec = FlatShard(handle, numel, replicas)
+            param._gradscope_flat_shard = spec
+            out[id(param)] = spec
+    # Parameters of a unit the model does not lead to: read as a plain (FULL_SHARD) unit's,
+    # each rank's part summed; whether they got a gradient is their requires_grad.
+    unknown = False
+    for param in model.parameters():
+        if flattened_by_fsdp(param) and id(param) not in known:
+            unknown = True
+            out[id(param)] = FlatShard(None, param.numel(), 1)
+    return out, unknown
+
+
+def flattened_by_fsdp(param: torch.Tensor) -> bool:
+    """Whether FSDP1 has taken the parameter into a unit (its data became a flat view)."""
+    return bool(getattr(param, "_fsdp_flattened", False))
 
 
 @dataclass

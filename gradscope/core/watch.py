@@ -35,17 +35,20 @@ from gradscope.core.origin import Origin, float_tensors, loss_from_output
 from gradscope.core.safe_locate import locate_safely, statistics_origin
 from gradscope.core.sharded import (
     FACT_SLOTS,
-    KEEP,
     MAX,
     SUM,
+    FlatShard,
     RankExchange,
     RankFacts,
+    flat_shards,
+    flattened_by_fsdp,
+    full_numel,
     is_sharded,
     local,
     replicas,
 )
 from gradscope.core.user_warnings import warn_user
-from gradscope.core.wrappers import unwrap_model
+from gradscope.core.wrappers import named_layers, named_parameters, unwrap_model
 
 # Ordered by severity, so the worst status of a layer over steps is their maximum: a layer
 # that is frozen or got no gradient is less alarming than one that is ok.
@@ -181,10 +184,12 @@ class _Group:
     # Parameters of modules that can make sparse gradients (``nn.Embedding(sparse=True)``):
     # only these groups look at a gradient's layout.
     sparse_capable: bool = False
-    # DTensor parameters (FSDP2): each rank reads its shard; the figures are reduced over
-    # the ranks (divided by ``replicas``, the ranks holding the same shard).
+    # DTensor parameters (FSDP2) or FSDP1 flat views: each rank reads its shard; the figures
+    # are reduced over the ranks (divided by ``replicas``, the ranks holding the same shard).
     sharded: bool = False
     replicas: int = 1
+    # FSDP1: each parameter's unit (whether it got a gradient is the unit's to say).
+    flat: list[FlatShard] | None = None
     # Tensors of at most _SMALL_NUMEL elements: read with fused foreach calls on a CPU too
     # (for thousands of small layers the per-tensor Python of the BLAS path dominates).
     small: bool = False
@@ -265,23 +270,11 @@ def _values(grad: torch.Tensor) -> torch.Tensor:
     return grad.abs() if grad.is_complex() else grad
 
 
-def _exact_norm(grad: torch.Tensor) -> float:
-    """L2 norm in float64, scaled by max |g| so that neither the squares of huge elements
-    overflow nor those of tiny ones underflow. For the rare parameters flagged in resolve."""
-    grad = _values(grad.detach()).double()
-    scale = float(grad.abs().max()) if grad.numel() else 0.0
-    if scale == 0.0 or not np.isfinite(scale):
-        return float(torch.linalg.vector_norm(grad))
-    return scale * float(torch.linalg.vector_norm(grad / scale))
-
-
-def _sum_of_squares(tensor: torch.Tensor) -> torch.Tensor:
-    """One tensor's sum of squares as a float32/float64 0-d tensor (half precision
-    accumulates in float32)."""
-    if tensor.dtype in _DOT_DTYPES and tensor.is_contiguous():
-        flat = tensor.view(-1)
-        return torch.dot(flat, flat)
-    return torch.linalg.vector_norm(_values(tensor), dtype=torch.float32).square()
+def _squares(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sums of squares of several tensors as one float64 vector, by one fused call (empty
+    tensors give 0; NaN and Inf propagate)."""
+    norms = torch._foreach_norm(list(tensors), 2, dtype=_norm_dtype(tensors[0]))
+    return torch.stack(norms).double().square()
 
 
 def _sum_squares(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -401,7 +394,8 @@ class GradientWatch:
                 "(requires_grad=False); they show as frozen until they are unfrozen"
             )
         self._step = 0
-        self._weights_before: list[tuple[np.ndarray, list, list[torch.Tensor], bool]] | None = None
+        # (indices, weights, their copies, replicas: 0 unless sharded) per group
+        self._weights_before: list[tuple[np.ndarray, list, list[torch.Tensor], int]] | None = None
         self.last: StepStats | None = None
         self.origins: list[Origin] = []
         self._located = 0
@@ -446,9 +440,29 @@ class GradientWatch:
         (``fully_shard`` turns them into DTensors and changes the module's class)."""
         model = self.model
         self._root_class = type(model)
+        flat, unit_unknown = flat_shards(model)
+        # A watch made before FSDP1 wrapped the model notices it by this parameter.
+        probe = next(model.parameters(), None)
+        self._fsdp_probe = probe if probe is not None and not flattened_by_fsdp(probe) else None
+        if unit_unknown:
+            warn_user(
+                "gradscope.watch: the watch was made on the model before FSDP wrapped it whole, "
+                "and that wrapper is out of its reach: its parameters are read as a FULL_SHARD "
+                "unit's, with this rank's parameter counts. Make the watch on the FSDP-wrapped "
+                "model for exact sizes and HYBRID_SHARD"
+            )
+        if any(
+            spec.handle is not None and spec.handle.flat_param._params is None
+            for spec in flat.values()
+        ):
+            warn_user(
+                "gradscope.watch: FSDP wrapped without use_orig_params=True, so each FSDP unit "
+                "holds one flat parameter and GradScope's layers are those units; wrap with "
+                "use_orig_params=True for per-layer statistics"
+            )
         names = select_layers(model, self._layers_spec)
-        modules = dict(model.named_modules())
-        qualified = {id(p): n for n, p in model.named_parameters(remove_duplicate=True)}
+        modules = named_layers(model)
+        qualified = named_parameters(model)
         sparse_capable = {
             id(p)
             for m in model.modules()
@@ -482,7 +496,7 @@ class GradientWatch:
                     name=name,
                     type_name=type(module).__name__,
                     param_names=tuple(qualified[id(p)] for p in covered),
-                    num_params=sum(p.numel() for p in covered if qualified[id(p)] not in tied),
+                    num_params=sum(full_numel(p) for p in covered if qualified[id(p)] not in tied),
                     tied=tuple(tied),
                 )
             )
@@ -492,22 +506,39 @@ class GradientWatch:
         # Unwatched parameters still count towards the total norm when they have gradients,
         # so a NaN anywhere in the model is noticed even when only a few layers are watched.
         self._unwatched = [p for p in model.parameters() if id(p) not in index_of]
-        self._groups = self._group(self._params, sparse_capable)
-        self._unwatched_groups = self._group(self._unwatched, sparse_capable)
-        self._sharded = any(g.sharded for g in (*self._groups, *self._unwatched_groups))
+        self._groups = self._group(self._params, sparse_capable, flat)
+        self._unwatched_groups = self._group(self._unwatched, sparse_capable, flat)
+        every = (*self._groups, *self._unwatched_groups)
+        self._sharded = any(g.sharded for g in every)
+        # Sharded and whole parameters in one model (say, a module left out of FSDP): the
+        # whole ones' figures are this rank's own, so a status decided from them may differ
+        # between ranks, and a second read must not run a collective (see resolve).
+        self._mixed_sharding = self._sharded and not all(g.sharded for g in every)
+        self._replicas = np.zeros(len(self._params), dtype=np.int64)  # 0: not sharded
+        for group in self._groups:
+            if group.sharded:
+                self._replicas[group.index_array] = group.replicas
         # Weight figures of parameters without a gradient are not read again each step
         # (a frozen backbone's weights do not change): the last ones read stand for them.
         self._weight_norm = self._read_weight_norms()
 
     # -- grouping ---------------------------------------------------------------------
     @staticmethod
-    def _group(params: Sequence[torch.Tensor], sparse_capable: set[int]) -> list[_Group]:
-        groups: dict[tuple[torch.device, torch.dtype, bool, int, bool], _Group] = {}
+    def _group(
+        params: Sequence[torch.Tensor],
+        sparse_capable: set[int],
+        flat: Mapping[int, FlatShard],
+    ) -> list[_Group]:
+        groups: dict[tuple[torch.device, torch.dtype, bool, int, bool, bool], _Group] = {}
         for index, p in enumerate(params):
             sparse = id(p) in sparse_capable
-            copies = replicas(p) if is_sharded(p) else 0  # 0: not sharded
-            small = p.numel() <= _SMALL_NUMEL
-            key = (p.device, p.dtype, sparse, copies, small)
+            spec = flat.get(id(p))
+            if spec is not None:
+                copies = spec.replicas
+            else:
+                copies = replicas(p) if is_sharded(p) else 0  # 0: not sharded
+            small = copies == 0 and p.numel() <= _SMALL_NUMEL
+            key = (p.device, p.dtype, sparse, copies, small, spec is not None)
             if key not in groups:
                 groups[key] = _Group(
                     [],
@@ -516,9 +547,12 @@ class GradientWatch:
                     sharded=copies > 0,
                     replicas=max(1, copies),
                     small=small,
+                    flat=[] if spec is not None else None,
                 )
             groups[key].indices.append(index)
             groups[key].params.append(p)
+            if spec is not None:
+                groups[key].flat.append(spec)
         return [group.freeze() for group in groups.values()]
 
     @torch.no_grad()
@@ -526,7 +560,7 @@ class GradientWatch:
         norms = np.zeros(len(self._params))
         for group in self._groups:
             if group.sharded:
-                squares = torch.stack([local(p).double().square().sum() for p in group.params])
+                squares = _squares([local(p) for p in group.params])
                 squares = self._exchange_sum(squares) / group.replicas
                 norms[group.index_array] = _host(squares.sqrt())
                 continue
@@ -604,7 +638,10 @@ class GradientWatch:
         """``sharded=False``: leave the sharded groups out (the second read of a step, which
         must run no collective: their figures came complete with the first)."""
         loss = None if loss is None else loss_from_output(loss)
-        if type(self.model) is not self._root_class:  # sharded (or re-wrapped) since
+        probe = self._fsdp_probe
+        if type(self.model) is not self._root_class or (
+            probe is not None and flattened_by_fsdp(probe)
+        ):  # sharded (FSDP2, FSDP1) or re-wrapped since watch()
             self._bind()
         parts: dict[torch.device, list[torch.Tensor]] = {}
         layout: dict[torch.device, list[_Entry]] = {}
@@ -615,6 +652,32 @@ class GradientWatch:
         copy_weights = self.update_ratio_enabled and detail
         self._weights_before = [] if copy_weights else None
         for group in self._groups:
+            if group.sharded:
+                if not sharded:
+                    continue
+                # Without sharded detail on a second read (mixed sharding) every step has it.
+                full = detail or self._mixed_sharding
+                present, grads, params = self._shard_parts(group)
+                if not grads:
+                    continue
+                count = self._launch_sharded(group, grads, params, full, shared, shared_kinds)
+                shared_layout.append(
+                    _Entry(
+                        "watched",
+                        group,
+                        present,
+                        count,
+                        squared=True,
+                        grads_squared=True,
+                        detail=full,
+                    )
+                )
+                if copy_weights:
+                    indices = group.index_array if present is None else group.index_array[present]
+                    self._weights_before.append(
+                        (indices, params, torch._foreach_mul(params, 1.0), group.replicas)
+                    )
+                continue
             params = group.params
             grads = [p.grad for p in params]
             present = None
@@ -626,28 +689,6 @@ class GradientWatch:
                 params = [params[i] for i in present]
             if group.sparse_capable:
                 grads = [_values(g) for g in grads]
-            if group.sharded and not sharded:
-                continue
-            if group.sharded:
-                self._launch_sharded(group, grads, params, shared, shared_kinds)
-                shared_layout.append(
-                    _Entry(
-                        "watched",
-                        group,
-                        present,
-                        len(params),
-                        squared=True,
-                        interleaved=True,
-                        grads_squared=True,
-                    )
-                )
-                if copy_weights:
-                    indices = group.index_array if present is None else group.index_array[present]
-                    locals_ = [local(p) for p in params]
-                    self._weights_before.append(
-                        (indices, locals_, torch._foreach_mul(locals_, 1.0), True)
-                    )
-                continue
             sample = grads[0]
             device = sample.device
             pieces = parts.setdefault(device, [])
@@ -702,24 +743,28 @@ class GradientWatch:
             )
             if copy_weights:
                 indices = group.index_array if present is None else group.index_array[present]
-                self._weights_before.append(
-                    (indices, params, torch._foreach_mul(params, 1.0), False)
-                )
+                self._weights_before.append((indices, params, torch._foreach_mul(params, 1.0), 0))
         for group in self._unwatched_groups:
+            if group.sharded:
+                if not sharded:
+                    continue
+                present, grads, _ = self._shard_parts(group)
+                if not grads:
+                    continue
+                shared.append(_squares(grads) / group.replicas)
+                shared_kinds += (SUM,) * len(grads)
+                if present is None:
+                    present = list(range(len(group.params)))
+                shared_layout.append(
+                    _Entry("unwatched", group, present, len(present), squared=True)
+                )
+                continue
             present = [i for i, p in enumerate(group.params) if p.grad is not None]
             if not present:
                 continue
             grads = [group.params[i].grad for i in present]
             if group.sparse_capable:
                 grads = [_values(g) for g in grads]
-            if group.sharded:
-                for g in grads:
-                    shared.append(_sum_of_squares(local(g)) / group.replicas)
-                    shared_kinds.append(SUM)
-                shared_layout.append(
-                    _Entry("unwatched", group, present, len(present), squared=True)
-                )
-                continue
             device = grads[0].device
             squared = (
                 device.type in _PER_TENSOR_DEVICES
@@ -745,15 +790,17 @@ class GradientWatch:
             layout.setdefault(device, []).append(_Entry("loss"))
         tails: dict[torch.device, torch.Tensor] = {}
         with_facts = facts and self._rank_facts
-        if self._exchange is not None and (shared or with_facts):
+        if shared or with_facts:  # with_facts: only with an exchange
             fact_pieces = self._facts(loss, batch) if with_facts else []
             device = (shared + fact_pieces)[0].device
-            reduced = self._exchange.exchange(
-                torch.stack([*shared, *fact_pieces]).to(torch.float64),
-                self._kinds_tensor(tuple(shared_kinds), device),
-                len(fact_pieces),
-            )
-            tails[device] = reduced
+            pieces = [*shared, torch.stack(fact_pieces)] if fact_pieces else shared
+            vector = torch.cat([piece.to(device, torch.float64) for piece in pieces])
+            if self._exchange is not None:
+                vector = self._exchange.exchange(
+                    vector, self._kinds_tensor(tuple(shared_kinds), device), len(fact_pieces)
+                )
+            # else (collectives=False): this rank's shards only, as the docstring says
+            tails[device] = vector
             layout.setdefault(device, []).extend(shared_layout)
             if fact_pieces:
                 layout[device].append(_Entry("ranks", count=self._exchange.world))
@@ -885,7 +932,7 @@ class GradientWatch:
         if figures.imprecise:
             # One host read for all of them (a vanishing step flags many parameters).
             flagged = np.concatenate(figures.imprecise)
-            param_norm[flagged] = self._exact_norms([self._params[i].grad for i in flagged])
+            param_norm[flagged] = self._exact_norms(flagged)
         if figures.unwatched_bad:
             unwatched_sq += self._unwatched_squares(figures.unwatched_bad)
         divisor = unwatched_divisor = 1.0
@@ -932,7 +979,11 @@ class GradientWatch:
         changed = self._previous_status is None or not np.array_equal(status, self._previous_status)
         if not figures.detail and (trouble or changed or (status == STATUS_NONFINITE).any()):
             # A step that goes wrong or changes status always gets the detail: read it now.
-            again = self._read(self._launch(None, None, detail=True, facts=False, sharded=False))
+            # Sharded groups too (one more collective), when every rank takes this decision
+            # from the same reduced figures; with mixed sharding they had it already.
+            again = self._read(
+                self._launch(None, None, detail=True, facts=False, sharded=not self._mixed_sharding)
+            )
             param_max = np.where(again.has_grad, again.param_max, param_max)
             figures.detail = True
         self._previous_status = status
@@ -1020,27 +1071,67 @@ class GradientWatch:
             )
 
     @staticmethod
+    def _shard_parts(
+        group: _Group,
+    ) -> tuple[list[int] | None, list[torch.Tensor], list[torch.Tensor]]:
+        """A sharded group's parameters that got a gradient this step (positions, None for
+        all), and this rank's parts of their gradients and weights. Decided the same way on
+        every rank (their vectors must line up in the exchange): FSDP1 asks the parameter's
+        unit, and a rank whose shard holds none of a parameter's elements reads it as empty."""
+        params = group.params
+        if group.flat is None:
+            grads = [p.grad for p in params]
+            present = None
+            if any(g is None for g in grads):
+                present = [i for i, g in enumerate(grads) if g is not None]
+                grads = [grads[i] for i in present]
+                params = [params[i] for i in present]
+            return present, [local(g) for g in grads], [local(p) for p in params]
+        units: dict[int, bool] = {}
+        chosen = []
+        for i, (p, spec) in enumerate(zip(params, group.flat, strict=True)):
+            key = id(spec.handle)
+            if key not in units:
+                units[key] = spec.has_gradient(p)
+            if units[key] and p.requires_grad:
+                chosen.append(i)
+        present = None if len(chosen) == len(params) else chosen
+        params = [params[i] for i in chosen]
+        grads = [p.grad if p.grad is not None else p.detach().reshape(-1)[:0] for p in params]
+        return present, grads, [p.detach() for p in params]
+
+    @staticmethod
     def _launch_sharded(
         group: _Group,
         grads: list[torch.Tensor],
         params: list[torch.Tensor],
+        detail: bool,
         shared: list[torch.Tensor],
         kinds: list[int],
-    ) -> None:
-        """This rank's figures of a sharded group, in the interleaved layout resolve reads:
-        (sum of squares, 0, max |g|) per gradient, then the sum of squares of each weight;
-        sums are divided by the replicas so that the sum over ranks counts each shard once."""
-        scale = 1.0 / group.replicas
-        for g in grads:
-            part = local(g)
-            shared.append(_sum_of_squares(part) * scale)
-            zero = part.new_zeros((), dtype=torch.float32)
-            shared.append(zero)
-            shared.append(_values(part).abs().amax().float() if part.numel() else zero)
-            kinds += (SUM, KEEP, MAX)
-        for p in params:
-            shared.append(_sum_of_squares(local(p)) * scale)
-            kinds.append(SUM)
+    ) -> int:
+        """This rank's figures of a sharded group (its parts of each gradient and weight),
+        in the layout resolve reads: each gradient's sum of squares, then on detail steps
+        each weight's sum of squares and each gradient's max |g| (0 for an empty part).
+        Sums are divided by the replicas so that the sum over ranks counts each shard once.
+        Fused calls: a few kernels per group, not per parameter. Returns the count."""
+        count = len(grads)
+        shared.append(_squares(grads) / group.replicas)
+        kinds += (SUM,) * count
+        if not detail:
+            return count
+        shared.append(_squares(params) / group.replicas)
+        maxima = torch.zeros(count, dtype=torch.float64, device=grads[0].device)
+        nonempty = [k for k, g in enumerate(grads) if g.numel()]
+        if nonempty:
+            values = [_values(grads[k]) for k in nonempty]
+            found = torch.stack(torch._foreach_norm(values, float("inf"))).double()
+            if len(nonempty) == count:
+                maxima = found
+            else:
+                maxima[torch.tensor(nonempty, device=maxima.device)] = found
+        shared.append(maxima)
+        kinds += (SUM,) * count + (MAX,) * count
+        return count
 
     def _facts(self, loss: torch.Tensor | None, batch: Any) -> list[torch.Tensor]:
         """This rank's facts for the step's exchange: loss, loss given, batch non-finite."""
@@ -1172,19 +1263,25 @@ class GradientWatch:
     ) -> None:
         # Only on steps where something is already wrong: count NaN and Inf separately, and
         # tell a real Inf element from a sum of squares that overflowed.
-        grads = [self._params[index].grad for index in suspects]
+        grads = [self._local_grad(index) for index in suspects]
         by_device: dict[torch.device, list[int]] = {}
         for k, grad in enumerate(grads):
-            by_device.setdefault(local(grad).device, []).append(k)
+            by_device.setdefault(grad.device, []).append(k)
         counts: list[Any] = [None] * len(grads)
         for positions in by_device.values():  # one read per device
             values = [_values(grads[k]) for k in positions]
             pairs = torch.stack([torch.stack([v.isnan().sum(), v.isinf().sum()]) for v in values])
-            sharded = [i for i, k in enumerate(positions) if is_sharded(grads[k])]
+            sharded = [i for i, k in enumerate(positions) if self._replicas[suspects[k]]]
             if sharded and self._exchange is not None:
                 # Shards' counts summed over the ranks (every rank has the same sharded
-                # suspects: their figures were reduced); other parameters' are this rank's.
-                pairs[sharded] = self._exchange_sum(pairs[sharded].contiguous())
+                # suspects: their figures were reduced), each shard once; other parameters'
+                # are this rank's.
+                copies = torch.tensor(
+                    [int(self._replicas[suspects[positions[i]]]) for i in sharded],
+                    device=pairs.device,
+                )
+                summed = self._exchange_sum(pairs[sharded].contiguous())
+                pairs[sharded] = torch.div(summed, copies[:, None], rounding_mode="floor")
             for k, pair in zip(positions, _host(pairs), strict=True):
                 counts[k] = pair
         finite = []
@@ -1193,26 +1290,36 @@ class GradientWatch:
             if nans == 0 and infs == 0:
                 finite.append(index)
         if finite:
-            param_norm[finite] = self._exact_norms([self._params[i].grad for i in finite])
+            param_norm[finite] = self._exact_norms(np.asarray(finite, dtype=np.intp))
 
-    def _exact_norms(self, grads: Sequence[torch.Tensor]) -> np.ndarray:
-        """:func:`_exact_norm` of several gradients with one host read per device: each is
-        scaled by its own max |g| so that no square overflows or underflows. Shards: float64
-        sums of squares (float32 values neither overflow nor underflow there), summed over
-        the ranks."""
-        sharded = [k for k, g in enumerate(grads) if is_sharded(g)]
-        if sharded and self._exchange is not None:
-            squares = torch.stack([_values(grads[k]).double().square().sum() for k in sharded])
-            out = np.zeros(len(grads))
-            out[sharded] = _host(self._exchange_sum(squares).sqrt())
-            rest = [k for k in range(len(grads)) if k not in set(sharded)]
-            if rest:
-                out[rest] = self._exact_norms([grads[k] for k in rest])
-            return out
+    def _local_grad(self, index: int) -> torch.Tensor:
+        """This rank's part of a watched parameter's gradient (empty where an FSDP1 rank holds
+        none of it)."""
+        param = self._params[index]
+        grad = param.grad
+        if grad is None:
+            return param.detach().reshape(-1)[:0]
+        return local(grad)
+
+    def _exact_norms(self, indices: np.ndarray) -> np.ndarray:
+        """:func:`_exact_norm` of several watched parameters' gradients with one host read per
+        device: each is scaled by its own max |g| so that no square overflows or underflows.
+        Shards: float64 sums of squares (float32 values neither overflow nor underflow
+        there), summed over the ranks, each shard once."""
+        indices = np.asarray(indices, dtype=np.intp)
+        grads = [self._local_grad(i) for i in indices.tolist()]
         out = np.zeros(len(grads))
+        copies = self._replicas[indices]
+        sharded = np.flatnonzero(copies)
+        if len(sharded) and self._exchange is not None:
+            squares = torch.stack([_values(grads[k]).double().square().sum() for k in sharded])
+            summed = self._exchange_sum(squares)
+            out[sharded] = np.sqrt(_host(summed) / copies[sharded])
+            grads = [g if not copies[k] else None for k, g in enumerate(grads)]
         by_device: dict[torch.device, list[int]] = {}
         for k, grad in enumerate(grads):
-            by_device.setdefault(grad.device, []).append(k)
+            if grad is not None:
+                by_device.setdefault(grad.device, []).append(k)
         for positions in by_device.values():
             figures = []
             for k in positions:
@@ -1228,16 +1335,31 @@ class GradientWatch:
                 out[positions] = pairs[:, 0] * pairs[:, 1]
         return out
 
-    @staticmethod
-    def _unwatched_squares(bad: list[tuple[_Group, list[int]]]) -> float:
+    def _unwatched_squares(self, bad: list[tuple[_Group, list[int]]]) -> float:
+        """The exact sum of squares of unwatched gradients whose fast figures were not finite
+        (NaN if any element really is): one host read per group, and for a sharded group one
+        sum over the ranks (every rank gets here at the same step: its figures were reduced)."""
         total = 0.0
         for group, present in bad:
+            grads = []
             for i in present:
-                grad = _values(group.params[i].grad)
-                if bool(torch.isfinite(grad).all()):
-                    total += _exact_norm(grad) ** 2
-                else:
-                    return float("nan")
+                grad = group.params[i].grad
+                if grad is None:  # an FSDP1 rank that holds none of this parameter
+                    grad = group.params[i].detach().reshape(-1)[:0]
+                grads.append(_values(local(grad)).double())
+            figures = torch.stack(
+                [
+                    torch.stack([(~torch.isfinite(g)).sum().double(), g.square().sum()])
+                    for g in grads
+                ]
+            ).sum(dim=0)
+            if group.sharded and self._exchange is not None:
+                figures = self._exchange_sum(figures)
+                figures[1] /= group.replicas
+            bad_elements, squares = _host(figures).tolist()
+            if bad_elements:
+                return float("nan")
+            total += squares
         return total
 
     @torch.no_grad()
@@ -1247,11 +1369,11 @@ class GradientWatch:
             return None
         delta = np.zeros(len(self._params))
         pending = []
-        for indices, now, before, sharded in self._weights_before:
+        for indices, now, before, copies in self._weights_before:
             diffs = torch._foreach_sub(now, before)
-            if sharded:
-                squares = torch.stack([d.double().square().sum() for d in diffs])
-                pending.append((indices, self._exchange_sum(squares).sqrt()))
+            if copies:  # sharded: this rank's parts, summed over the ranks (each shard once)
+                squares = self._exchange_sum(_squares(diffs)) / copies
+                pending.append((indices, squares.sqrt()))
                 continue
             norms = torch._foreach_norm(diffs, 2, dtype=_norm_dtype(now[0]))
             pending.append((indices, torch.stack(norms)))

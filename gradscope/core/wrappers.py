@@ -41,6 +41,35 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return wrapper_chain(model)[-1]
 
 
+# Attributes through which wrappers inside a model hold the module they wrap: FSDP1
+# (``FullyShardedDataParallel``), activation checkpointing (``checkpoint_wrapper``) and
+# ``torch.compile``. Their names are not the user's: layer names leave them out.
+WRAPPED_ATTRIBUTES = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+
+
+def clean_name(name: str) -> str:
+    """A module or parameter name as the user wrote it: ``layers.0._fsdp_wrapped_module.
+    _checkpoint_wrapped_module.attn.weight`` is ``layers.0.attn.weight``."""
+    if "_" not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part not in WRAPPED_ATTRIBUTES)
+
+
+def named_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """``model.named_modules()`` under the user's names, in registration order: a wrapper
+    inside the model (FSDP1, checkpoint_wrapper, compile) and the module it wraps share a
+    name, which goes to the module inside (the one that owns the parameters)."""
+    out: dict[str, nn.Module] = {}
+    for name, module in model.named_modules():
+        out[clean_name(name)] = module  # pre-order: the wrapped module comes after its wrapper
+    return out
+
+
+def named_parameters(model: nn.Module) -> dict[int, str]:
+    """Each parameter's user name, by ``id``; a tied parameter under its first name."""
+    return {id(p): clean_name(n) for n, p in model.named_parameters(remove_duplicate=True)}
+
+
 def sharded_reason(model: nn.Module) -> str | None:
     """Why a re-run of this model's forward would need collectives (FSDP parameters are
     gathered in forward; SyncBatchNorm all-reduces its statistics), or None."""

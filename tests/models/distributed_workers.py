@@ -172,3 +172,187 @@ def fsdp2_statistics(rank: int, world: int, port: int, out: str) -> None:
     Path(out, f"facts{rank}.json").write_text(json.dumps(facts, default=float))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _compare(got, expected, keys=("grad_norm", "max_abs", "weight_norm")) -> dict:
+    """Relative differences of a sharded watch's statistics from an unsharded reference's;
+    None where the sharded step had no detail (the reference always has)."""
+    out = {}
+    for key in keys:
+        value = getattr(got, key)
+        if value is None:
+            out[key] = None
+            continue
+        reference = getattr(expected, key)
+        out[key] = float(np.abs(value - reference).max() / max(np.abs(reference).max(), 1e-12))
+    out["total"] = abs(got.total_grad_norm - expected.total_grad_norm)
+    out["nan"] = got.nan_count.tolist()
+    out["expected_nan"] = expected.nan_count.tolist()
+    out["status"] = got.status.tolist()
+    out["expected_status"] = expected.status.tolist()
+    return out
+
+
+def _counting(counts: dict, originals: dict):
+    def wrap(name):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    return {name: wrap(name) for name in counts}
+
+
+def sharded_run(rank, world, out, wrap, *, nan_step=3, steps=4, more=None) -> None:
+    """Trains an unsharded reference on the concatenated batch beside two sharded copies
+    (``wrap`` shards a model in place and returns what to call): one watched before it was
+    wrapped (detail every step), one after (the default detail_every, so most steps read
+    the norms alone). At ``nan_step`` rank 0's batch holds a NaN. Writes per step the
+    differences from the reference and the collectives of the late watch's collect()."""
+    import copy
+
+    import gradscope
+
+    torch.manual_seed(0)
+    reference = nn.Sequential(
+        nn.Linear(6, 7), nn.Tanh(), nn.Linear(7, 5), nn.LayerNorm(5), nn.Linear(5, 1)
+    )
+    before = copy.deepcopy(reference)
+    early = gradscope.watch(before, detail_every=1)
+    early_model = wrap(before)
+    late_model = wrap(copy.deepcopy(reference))
+    late = gradscope.watch(late_model)
+    reference_watch = gradscope.watch(reference, collectives=False, detail_every=1)
+    optimizers = [
+        torch.optim.SGD(m.parameters(), lr=0.1) for m in (early_model, late_model, reference)
+    ]
+    counts = {"all_gather_into_tensor": 0, "all_reduce": 0, "all_gather": 0, "broadcast": 0}
+    originals = {name: getattr(dist, name) for name in counts}
+    facts = {"steps": [], "expected_names": [layer.name for layer in reference_watch.layers]}
+    facts["names"] = {
+        "early": [layer.name for layer in early.layers],
+        "late": [layer.name for layer in late.layers],
+    }
+    for step in range(steps):
+        batches = []
+        for r in range(world):
+            generator = torch.Generator().manual_seed(1000 * step + r)
+            x = torch.randn(4, 6, generator=generator)
+            if step == nan_step and r == 0:
+                x[1, 2] = float("nan")
+            batches.append((x, torch.randn(4, 1, generator=generator)))
+        x, y = batches[rank]
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        losses = []
+        for model in (early_model, late_model):
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            losses.append(loss)
+        full_x = torch.cat([b[0] for b in batches])
+        full_y = torch.cat([b[1] for b in batches])
+        nn.functional.mse_loss(reference(full_x), full_y).backward()
+        expected = reference_watch.collect()
+        got_early = early.collect(losses[0], batch=(x, y))
+        before_counts = dict(counts)
+        for name, function in _counting(counts, originals).items():
+            setattr(dist, name, function)
+        try:
+            got_late = late.collect(losses[1], batch=(x, y))
+        finally:
+            for name, function in originals.items():
+                setattr(dist, name, function)
+        facts["steps"].append(
+            {
+                "early": _compare(got_early, expected),
+                "late": _compare(got_late, expected),
+                "late_collectives": {k: counts[k] - before_counts[k] for k in counts},
+                "broken": got_late.ranks.broken,
+            }
+        )
+        if step != nan_step:
+            for optimizer in optimizers:
+                optimizer.step()
+    if more is not None:
+        facts["more"] = more(reference)
+    Path(out, f"facts{rank}.json").write_text(json.dumps(facts))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def fsdp1_statistics(rank: int, world: int, port: int, out: str) -> None:
+    """FSDP1 (FullyShardedDataParallel, use_orig_params=True) with a unit per Linear and
+    uneven shards: each parameter is a flat view of some of its elements, none on some
+    ranks (whose gradient is then None)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    init(rank, world, port)
+
+    def wrap(model):
+        return FullyShardedDataParallel(
+            model,
+            use_orig_params=True,
+            device_id=torch.device("cpu"),
+            auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+        )
+
+    def whole_units(reference) -> dict:
+        """FSDP1 wrapping the model whole after a watch was made on it (the wrapper is out
+        of the watch's reach), and use_orig_params=False (one flat parameter per unit)."""
+        import copy
+        import warnings
+
+        import gradscope
+
+        unsharded = gradscope.watch(reference, collectives=False)
+        inner = copy.deepcopy(reference)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            early = gradscope.watch(inner)
+            whole = FullyShardedDataParallel(
+                inner, use_orig_params=True, device_id=torch.device("cpu")
+            )
+            flat = FullyShardedDataParallel(
+                copy.deepcopy(reference),
+                use_orig_params=False,
+                device_id=torch.device("cpu"),
+                auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+            )
+            units = gradscope.watch(flat)
+            # The same batch on every rank: FSDP's averaged gradient is the reference's.
+            x = torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
+            for model in (whole, flat, reference):
+                model.zero_grad()
+                nn.functional.mse_loss(model(x), torch.zeros(4, 1)).backward()
+            got_early, got_units = early.collect(), units.collect()
+        expected = unsharded.collect()
+        return {
+            "warnings": [str(w.message) for w in caught if "gradscope" in str(w.message)],
+            "early": float(np.abs(got_early.grad_norm - expected.grad_norm).max()),
+            "units": [layer.name for layer in units.layers],
+            "unit_sizes": [layer.num_params for layer in units.layers],
+            "units_total": abs(got_units.total_grad_norm - expected.total_grad_norm),
+        }
+
+    sharded_run(rank, world, out, wrap, more=whole_units)
+
+
+def hsdp_statistics(rank: int, world: int, port: int, out: str) -> None:
+    """FSDP2 on a 2-D mesh that replicates over the 2 ranks (HSDP with one shard each):
+    each rank holds the whole tensor, so a sum over ranks must count it once."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    init(rank, world, port)
+    mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+
+    def wrap(model):
+        for module in model:
+            if next(module.parameters(), None) is not None:
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    sharded_run(rank, world, out, wrap)

@@ -570,3 +570,28 @@ def test_complex_parameters():
         float(torch.linalg.vector_norm(model.weight.detach())), rel=1e-5
     )
     assert not stats.nonfinite
+
+
+def test_activation_checkpoint_wrappers_keep_the_users_layer_names():
+    """checkpoint_wrapper (as used with FSDP) inserts _checkpoint_wrapped_module into every
+    name; the watch names layers as the user wrote them, with the same figures."""
+    import copy
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    wrapped = copy.deepcopy(plain)
+    apply_activation_checkpointing(wrapped, check_fn=lambda m: isinstance(m, nn.Linear))
+    assert any("_checkpoint_wrapped_module" in n for n, _ in wrapped.named_parameters())
+    x = torch.randn(3, 4)
+    watches = [gradscope.watch(m, detail_every=1) for m in (plain, wrapped)]
+    got = []
+    for model, watch in zip((plain, wrapped), watches, strict=True):
+        model(x).pow(2).sum().backward()
+        got.append(watch.collect())
+    assert [layer.name for layer in watches[1].layers] == ["0", "2", "4"]
+    assert watches[1].param_names == watches[0].param_names
+    np.testing.assert_allclose(got[1].grad_norm, got[0].grad_norm, rtol=1e-6)

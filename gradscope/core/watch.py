@@ -1045,13 +1045,20 @@ class GradientWatch:
     def _absent_status(self, layers: np.ndarray) -> np.ndarray:
         """frozen (no parameter requires a gradient) or no gradient, for layers whose
         parameters got none this step. Read now, so an unfrozen layer is picked up."""
-        status = np.empty(len(layers), dtype=np.uint8)
-        for k, layer in enumerate(layers.tolist()):
-            start = self._offsets[layer]
-            members = self._members[start : start + self._layer_sizes[layer]]
-            trainable = any(self._params[i].requires_grad for i in members.tolist())
-            status[k] = STATUS_NO_GRADIENT if trainable else STATUS_FROZEN
-        return status
+        sizes = self._layer_sizes[layers]
+        starts = self._offsets[layers]
+        # Every member of those layers, layer after layer; one flag per member.
+        members = self._members[
+            np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum())
+        ]
+        params = self._params
+        flags = np.fromiter((params[i].requires_grad for i in members.tolist()), bool, len(members))
+        trainable = np.zeros(len(layers), dtype=bool)
+        nonempty = sizes > 0
+        if nonempty.any():
+            bounds = np.concatenate([[0], np.cumsum(sizes)[:-1]])[nonempty]
+            trainable[nonempty] = np.logical_or.reduceat(flags, bounds)
+        return np.where(trainable, STATUS_NO_GRADIENT, STATUS_FROZEN).astype(np.uint8)
 
     # -- torch.distributed ---------------------------------------------------------------
     def _name_the_rank(self, origin: Origin, ranks: RankFacts) -> None:

@@ -120,6 +120,14 @@ def check_sharded_run(facts: dict) -> None:
                 "broadcast": 0,
             }
     assert facts["steps"][3]["broken"] == [0]
+    # The update ratio equals the reference's on the steps that read it (the first, and
+    # status changes), none on the NaN step (no optimizer step)
+    assert facts["ratios"][0] is not None
+    assert all(r is None or r < 1e-5 for r in facts["ratios"]), facts["ratios"]
+    assert facts["ratios"][3] is None
+    first, skipped, last = facts["skipped_rank_ratio"]
+    assert first is not None and max(first) > 0
+    assert skipped is None and last is None
 
 
 def test_fsdp1_with_orig_params_equals_an_unsharded_copy(tmp_path):

@@ -228,6 +228,17 @@ class _Entry:
 
 
 @dataclass
+class _PendingUpdate:
+    """An optimizer step's update under sharding, waiting for the next exchange: the stats
+    it belongs to, the whole parameters' ||Δw|| (done), and per sharded group this rank's
+    sums of squares of Δw with the group's replicas."""
+
+    stats: StepStats
+    delta: np.ndarray
+    parts: list[tuple[np.ndarray, torch.Tensor, int]]
+
+
+@dataclass
 class _Figures:
     """One read of the device figures, placed per parameter (see ``GradientWatch._read``)."""
 
@@ -396,6 +407,10 @@ class GradientWatch:
         self._step = 0
         # (indices, weights, their copies, replicas: 0 unless sharded) per group
         self._weights_before: list[tuple[np.ndarray, list, list[torch.Tensor], int]] | None = None
+        # Under sharding, the update ratio's sums travel with the next step's exchange: how
+        # many sharded slots it holds, and the measured sums waiting for it.
+        self._update_slots = 0
+        self._update_pending: _PendingUpdate | None = None
         self.last: StepStats | None = None
         self.origins: list[Origin] = []
         self._located = 0
@@ -649,8 +664,14 @@ class GradientWatch:
         shared: list[torch.Tensor] = []
         shared_kinds: list[int] = []
         shared_layout: list[_Entry] = []
+        if facts and self._update_slots:
+            # The last optimizer step's update of sharded weights, reduced with this step's
+            # figures (no collective in the optimizer hook: a rank whose step was skipped
+            # would leave the others waiting there). Every rank sends the same slots.
+            self._send_update(shared, shared_kinds, shared_layout)
         copy_weights = self.update_ratio_enabled and detail
-        self._weights_before = [] if copy_weights else None
+        if facts or copy_weights:
+            self._weights_before = [] if copy_weights else None
         for group in self._groups:
             if group.sharded:
                 if not sharded:
@@ -677,6 +698,8 @@ class GradientWatch:
                     self._weights_before.append(
                         (indices, params, torch._foreach_mul(params, 1.0), group.replicas)
                     )
+                    if self._exchange is not None:
+                        self._update_slots += len(params)
                 continue
             params = group.params
             grads = [p.grad for p in params]
@@ -846,6 +869,10 @@ class GradientWatch:
                 if entry.kind == "scale":
                     figures.scale = float(values[cursor])
                     cursor += 1
+                    continue
+                if entry.kind == "update":
+                    self._receive_update(values[cursor : cursor + entry.count + 1])
+                    cursor += entry.count + 1
                     continue
                 if entry.kind == "ranks":
                     per_rank = values[cursor : cursor + FACT_SLOTS * entry.count]
@@ -1371,30 +1398,67 @@ class GradientWatch:
 
     @torch.no_grad()
     def measure_update(self) -> np.ndarray | None:
-        """After ``optimizer.step()``: ||Δw||/||w|| per layer for the last collected step."""
+        """After ``optimizer.step()``: ||Δw||/||w|| per layer for the last collected step.
+        Under sharding (FSDP) the sums of this rank's parts are reduced with the next
+        step's exchange instead, so it returns None and ``update_ratio`` of that step's
+        stats is filled in by the next :meth:`collect` (before the sinks see that step)."""
         if self._weights_before is None or self.last is None:
             return None
         delta = np.zeros(len(self._params))
         pending = []
+        shard_parts = []
         for indices, now, before, copies in self._weights_before:
             diffs = torch._foreach_sub(now, before)
-            if copies:  # sharded: this rank's parts, summed over the ranks (each shard once)
-                squares = self._exchange_sum(_squares(diffs)) / copies
-                pending.append((indices, squares.sqrt()))
+            if copies and self._exchange is not None:
+                shard_parts.append((indices, _squares(diffs), copies))
                 continue
             norms = torch._foreach_norm(diffs, 2, dtype=_norm_dtype(now[0]))
             pending.append((indices, torch.stack(norms)))
         for indices, norms in pending:
             delta[indices] = _host(norms.double())
         self._weights_before = None
+        if shard_parts:
+            self._update_pending = _PendingUpdate(self.last, delta, shard_parts)
+            return None
+        return self._set_update_ratio(self.last, delta)
+
+    def _set_update_ratio(self, stats: StepStats, delta: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             layer_delta = np.sqrt(np.add.reduceat(np.square(delta[self._members]), self._offsets))
-            weight = self.last.weight_norm
+            weight = stats.weight_norm
             ratio = np.where(
                 weight > 0, layer_delta / weight, np.where(layer_delta > 0, np.inf, 0.0)
             )
-        self.last.update_ratio = ratio
+        stats.update_ratio = ratio
         return ratio
+
+    def _send_update(
+        self, shared: list[torch.Tensor], kinds: list[int], layout: list[_Entry]
+    ) -> None:
+        """Queue the last update's sharded sums (zeros where this rank's optimizer did not
+        step) and a count of the ranks that stepped into this step's exchange."""
+        count, pending = self._update_slots, self._update_pending
+        device = self._fact_device()
+        if pending is not None:
+            sums = [squares / copies for _, squares, copies in pending.parts]
+            shared.append(torch.cat([*sums, torch.ones(1, dtype=torch.float64, device=device)]))
+        else:
+            shared.append(torch.zeros(count + 1, dtype=torch.float64, device=device))
+        kinds += (SUM,) * (count + 1)
+        layout.append(_Entry("update", count=count))
+        self._update_slots = 0
+
+    def _receive_update(self, values: np.ndarray) -> None:
+        """The last update's sums over the ranks: its stats' update ratio, when every rank
+        stepped (otherwise the ranks' weights parted ways, and no ratio is made up)."""
+        pending, self._update_pending = self._update_pending, None
+        if pending is None or self._exchange is None or values[-1] < self._exchange.world:
+            return
+        delta, cursor = pending.delta, 0
+        for indices, squares, _ in pending.parts:
+            delta[indices] = np.sqrt(values[cursor : cursor + len(squares)])
+            cursor += len(squares)
+        self._set_update_ratio(pending.stats, delta)
 
     # -- lifetime ---------------------------------------------------------------------
     def close(self) -> None:

@@ -222,11 +222,15 @@ def sharded_run(rank, world, out, wrap, *, nan_step=3, steps=4, more=None) -> No
     early = gradscope.watch(before, detail_every=1)
     early_model = wrap(before)
     late_model = wrap(copy.deepcopy(reference))
-    late = gradscope.watch(late_model)
-    reference_watch = gradscope.watch(reference, collectives=False, detail_every=1)
     optimizers = [
         torch.optim.SGD(m.parameters(), lr=0.1) for m in (early_model, late_model, reference)
     ]
+    # The update ratio's sums travel with the next step's exchange (none in the hook).
+    late = gradscope.watch(late_model, update_ratio=True, optimizer=optimizers[1])
+    reference_watch = gradscope.watch(
+        reference, collectives=False, detail_every=1, update_ratio=True, optimizer=optimizers[2]
+    )
+    ratios = []
     counts = {"all_gather_into_tensor": 0, "all_reduce": 0, "all_gather": 0, "broadcast": 0}
     originals = {name: getattr(dist, name) for name in counts}
     facts = {"steps": [], "expected_names": [layer.name for layer in reference_watch.layers]}
@@ -274,11 +278,38 @@ def sharded_run(rank, world, out, wrap, *, nan_step=3, steps=4, more=None) -> No
         if step != nan_step:
             for optimizer in optimizers:
                 optimizer.step()
+        ratios.append((got_late, expected))
+    facts["ratios"] = [
+        None
+        if got.update_ratio is None
+        else float(np.abs(got.update_ratio - expected.update_ratio).max())
+        for got, expected in ratios
+    ]
+    facts["skipped_rank_ratio"] = _update_when_a_rank_skips(rank, late_model, optimizers[1])
     if more is not None:
         facts["more"] = more(reference)
     Path(out, f"facts{rank}.json").write_text(json.dumps(facts))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _update_when_a_rank_skips(rank, model, optimizer) -> list:
+    """Two detail steps: every rank steps after the first, rank 1 skips after the second
+    (as a loss scaler may on one rank). The first gets its update ratio at the second's
+    collect(); the second none at the third's, and nobody waits."""
+    import gradscope
+
+    watch = gradscope.watch(model, detail_every=1, update_ratio=True, optimizer=optimizer)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(9))
+    got = []
+    for step in range(3):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), torch.zeros(4, 1)).backward()
+        got.append(watch.collect())
+        if step == 0 or (step == 1 and rank == 0):
+            optimizer.step()
+    watch.close()
+    return [None if stats.update_ratio is None else stats.update_ratio.tolist() for stats in got]
 
 
 def fsdp1_statistics(rank: int, world: int, port: int, out: str) -> None:

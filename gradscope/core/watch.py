@@ -1154,16 +1154,11 @@ class GradientWatch:
         if not detail:
             return count
         shared.append(_squares(params) / group.replicas)
-        maxima = torch.zeros(count, dtype=torch.float64, device=grads[0].device)
-        nonempty = [k for k, g in enumerate(grads) if g.numel()]
-        if nonempty:
-            values = [_values(grads[k]) for k in nonempty]
-            found = torch.stack(torch._foreach_norm(values, float("inf"))).double()
-            if len(nonempty) == count:
-                maxima = found
-            else:
-                maxima[torch.tensor(nonempty, device=maxima.device)] = found
-        shared.append(maxima)
+        nonempty = [_values(g) for g in grads if g.numel()]
+        found = iter(torch._foreach_norm(nonempty, float("inf")) if nonempty else ())
+        zero = grads[0].new_zeros((), dtype=nonempty[0].dtype if nonempty else torch.float32)
+        # No index tensor (a host-to-device copy): the empty parts' zeros stacked in place.
+        shared.append(torch.stack([next(found) if g.numel() else zero for g in grads]).double())
         kinds += (SUM,) * count + (MAX,) * count
         return count
 

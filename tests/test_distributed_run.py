@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from models.distributed_workers import free_port
 from models.rank_recording_worker import (
     NAN_RANK,
     NAN_STEP,
     STEPS,
-    WORKER_SECONDS,
-    record_with_nan_in_rank_1,
+    record_rank_set,
 )
 
 from gradscope.cli import main
@@ -150,24 +148,10 @@ def test_fsdp_and_step_timeout_need_nproc(capsys):
 
 
 # -- per-rank recordings, read as a set ---------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def rank_recordings(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ranks")
-    context = mp.start_processes(
-        record_with_nan_in_rank_1,
-        args=(2, _free_port(), str(folder)),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
-    while not context.join(timeout=WORKER_SECONDS + 30):
-        pass
+    record_rank_set(folder)
     return folder
 
 
@@ -273,7 +257,7 @@ def one_rank_group():
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     try:
         yield

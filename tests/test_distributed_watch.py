@@ -4,17 +4,15 @@ time (a hang fails with every worker's stacks)."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from models.distributed_workers import (
-    WORKER_SECONDS,
     ddp_nan_in_one_rank,
     fsdp1_statistics,
     fsdp2_statistics,
     hsdp_statistics,
+    start_workers,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -22,23 +20,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def run_workers(function, tmp_path, world: int = 2) -> list[dict]:
-    context = mp.start_processes(
-        function,
-        args=(world, free_port(), str(tmp_path)),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    # Each worker exits by itself (with its stacks on stderr) past WORKER_SECONDS.
-    while not context.join(timeout=WORKER_SECONDS + 30):
-        pass
+    start_workers(function, tmp_path, world)
     return [json.loads((tmp_path / f"facts{rank}.json").read_text()) for rank in range(world)]
 
 

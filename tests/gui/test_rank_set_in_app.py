@@ -6,38 +6,20 @@ NaN at step 2."""
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
-import torch.multiprocessing as mp
 from models.rank_recording_worker import (
     NAN_RANK,
     NAN_STEP,
     STEPS,
-    WORKER_SECONDS,
-    record_with_nan_in_rank_1,
+    record_rank_set,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def rank_recordings(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ranks")
-    context = mp.start_processes(
-        record_with_nan_in_rank_1,
-        args=(2, _free_port(), str(folder)),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
-    while not context.join(timeout=WORKER_SECONDS + 30):
-        pass
+    record_rank_set(folder)
     return folder
 
 

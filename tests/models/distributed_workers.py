@@ -10,6 +10,7 @@ import datetime
 import faulthandler
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -19,6 +20,28 @@ import torch.distributed as dist
 from torch import nn
 
 WORKER_SECONDS = 90
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_workers(function, folder, world: int = 2) -> None:
+    """Run ``function(rank, world, port, str(folder))`` in ``world`` spawned processes and
+    wait for them; each exits by itself (with its stacks on stderr) past WORKER_SECONDS."""
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(
+        function,
+        args=(world, free_port(), str(folder)),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    while not context.join(timeout=WORKER_SECONDS + 30):
+        pass
 
 
 def init(rank: int, world: int, port: int) -> None:

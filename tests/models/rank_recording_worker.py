@@ -4,17 +4,13 @@ holds a NaN at step 2. Run by tests through ``torch.multiprocessing`` (gloo on C
 
 from __future__ import annotations
 
-import datetime
-import faulthandler
-import os
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from models.distributed_workers import init, start_workers
 from torch import nn
 
-WORKER_SECONDS = 90
 STEPS = 4
 NAN_RANK, NAN_STEP = 1, 2
 
@@ -22,13 +18,7 @@ NAN_RANK, NAN_STEP = 1, 2
 def record_with_nan_in_rank_1(rank: int, world: int, port: int, out: str) -> None:
     import gradscope
 
-    faulthandler.dump_traceback_later(WORKER_SECONDS, exit=True, file=sys.stderr)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
-    )
+    init(rank, world, port)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1))
     ddp = nn.parallel.DistributedDataParallel(model)
@@ -53,3 +43,8 @@ def record_with_nan_in_rank_1(rank: int, world: int, port: int, out: str) -> Non
     watch.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def record_rank_set(folder) -> None:
+    """Two gloo processes record into ``folder`` (``run.rank0.gsrec``, ``run.rank1.gsrec``)."""
+    start_workers(record_with_nan_in_rank_1, folder)

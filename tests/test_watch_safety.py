@@ -595,3 +595,62 @@ def test_activation_checkpoint_wrappers_keep_the_users_layer_names():
     assert [layer.name for layer in watches[1].layers] == ["0", "2", "4"]
     assert watches[1].param_names == watches[0].param_names
     np.testing.assert_allclose(got[1].grad_norm, got[0].grad_norm, rtol=1e-6)
+
+
+def _deferred_model() -> nn.Module:
+    """Built on the meta device and given real storage by to_empty(), as large models and
+    FSDP2 scripts do; init covers every layer but the second (its weight is NaN here, as
+    uninitialised memory may be)."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 6), nn.Linear(6, 1))
+    return model
+
+
+def _initialise(model: nn.Module, *, miss_second: bool) -> None:
+    torch.manual_seed(0)
+    model.to_empty(device="cpu")
+    for index in (0, 2, 3):
+        model[index].reset_parameters()
+    if miss_second:
+        with torch.no_grad():
+            model[2].weight.fill_(float("nan"))
+    else:
+        model[2].reset_parameters()
+
+
+@pytest.mark.parametrize("located", [True, False])
+def test_a_watch_made_on_the_meta_device_follows_to_empty_and_names_the_missed_init(located):
+    model = _deferred_model()
+    watch = gradscope.watch(model)  # before to_empty: no values to read yet
+    _initialise(model, miss_second=True)
+    x = torch.randn(3, 4)
+    loss = model(x).sum()
+    loss.backward()
+    stats = watch.collect(loss, locate=(lambda: model(x).sum()) if located else None)
+    origin = stats.origin
+    assert origin.phase == "update" and origin.module == "2"
+    assert origin.details["at_start"] and origin.step == 0
+    assert "never initialised" in origin.describe()
+    assert "reset_parameters()" in origin.details["hint"]
+
+
+def test_a_watch_made_on_the_meta_device_reads_the_real_weights_after_to_empty():
+    model = _deferred_model()
+    watch = gradscope.watch(model, detail_every=1)
+    _initialise(model, miss_second=False)
+    reference = gradscope.watch(model, detail_every=1)
+    model(torch.randn(3, 4)).sum().backward()
+    got, expected = watch.collect(), reference.collect()
+    np.testing.assert_array_equal(got.grad_norm, expected.grad_norm)
+    np.testing.assert_array_equal(got.weight_norm, expected.weight_norm)
+    assert got.weight_norm.min() > 0
+
+
+def test_a_non_finite_loss_from_statistics_alone_does_not_blame_the_loss_code():
+    model = nn.Linear(3, 1)
+    watch = gradscope.watch(model)
+    loss = model(torch.randn(2, 3)).sum() * float("nan")
+    loss.backward()
+    text = watch.collect(loss).origin.describe()
+    assert "the loss was NAN (not re-run" in text
+    assert "outside the model" not in text

@@ -379,6 +379,16 @@ def hint_for(origin: Origin) -> str:
     if origin.phase == "input":
         return _input_hint(origin)
 
+    if origin.phase == "update" and origin.details.get("at_start"):
+        return (
+            f"The weights of {origin.module or '(model)'} were already NaN/Inf at the first "
+            "step GradScope saw, before any optimizer step: they were never given values, or "
+            "were loaded so. A model built on the meta device (or with torch.empty) and moved "
+            "with to_empty() keeps whatever the memory held unless reset_parameters() (or "
+            "your init) covers every module: this one was missed. Initialise it, or check "
+            "the checkpoint it was loaded from."
+        )
+
     if origin.phase == "update":
         weights = _values(origin, "weights")
         half = _half(weights)

@@ -116,6 +116,18 @@ class Origin:
                     more = "..." if len(samples) > _POSITIONS_SHOWN else ""
                     text += f" in sample{'s' if len(samples) > 1 else ''} {shown}{more}"
             return text
+        if self.phase == "update" and self.details.get("at_start"):
+            return (
+                f"step {self.step}: the weights of module {self.module or '(model root)'!r} "
+                f"were already {self.kind.upper()} at the first step (never initialised, or "
+                "loaded so)"
+            )
+        if self.phase == "loss" and self.module is None and self.details.get("reproduced") is False:
+            # From the statistics alone: the loss was non-finite, but nothing says who made it.
+            return (
+                f"step {self.step}: the loss was {self.kind.upper()} (not re-run: the model's "
+                "forward or the loss code made it)"
+            )
         where = (
             "outside the model (loss code)"
             if self.module is None

@@ -152,13 +152,25 @@ def _nonfinite_layers(stats: StepStats, layer_names: list[str]) -> list[str]:
 
 
 def statistics_origin(stats: StepStats, layer_names: list[str]) -> Origin:
-    """What the statistics alone say, for a watch given no ``locate``: the loss, or the layers
-    that went non-finite (the last registered one is the likeliest to have gone first, since
-    gradients flow from the last layer to the first)."""
+    """What the statistics alone say, for a watch given no ``locate``: weights that were
+    already non-finite (the first such layer), the loss, or the layers whose gradients went
+    non-finite (the last registered one is the likeliest to have gone first, since gradients
+    flow from the last layer to the first)."""
     hint = (
         "found from the statistics alone; pass locate=<a function recomputing the loss from "
         "the same batch> to collect() to find the operation and line"
     )
+    if stats.weight_norm is not None:
+        # The weights are read after the backward, before the optimizer step: weights that
+        # are not finite then were so in this step's forward already.
+        broken = np.flatnonzero(~np.isfinite(stats.weight_norm)).tolist()
+        if broken:
+            names = [layer_names[i] for i in broken]
+            nan = bool(np.isnan(stats.weight_norm[broken]).any())
+            details = {"reproduced": False, "nonfinite_weights": names, "hint": hint}
+            return Origin(
+                stats.step, "update", names[0], "weight", "nan" if nan else "inf", details=details
+            )
     origin = origin_from_statistics(stats, {"hint": hint})
     if origin.phase == "backward":
         bad = _nonfinite_layers(stats, layer_names)

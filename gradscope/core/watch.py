@@ -405,6 +405,7 @@ class GradientWatch:
                 "(requires_grad=False); they show as frozen until they are unfrozen"
             )
         self._step = 0
+        self._collected = 0  # steps collected by this watch (its step numbering may be set)
         # (indices, weights, their copies, replicas: 0 unless sharded) per group
         self._weights_before: list[tuple[np.ndarray, list, list[torch.Tensor], int]] | None = None
         # Under sharding, the update ratio's sums travel with the next step's exchange: how
@@ -452,13 +453,19 @@ class GradientWatch:
     def _bind(self) -> None:
         """Find the watched layers and their parameters, and group them for the per-step
         reads. Run again when the model's parameters are replaced after ``watch()``
-        (``fully_shard`` turns them into DTensors and changes the module's class)."""
+        (``fully_shard`` turns them into DTensors and changes the module's class; a model
+        built on the meta device gets real ones from ``to_empty``; FSDP1 makes them views)."""
         model = self.model
         self._root_class = type(model)
         flat, unit_unknown = flat_shards(model)
-        # A watch made before FSDP1 wrapped the model notices it by this parameter.
+        # The model's first parameter tells, at each step, whether the parameters were
+        # replaced, moved or taken into FSDP1 units since: one look, not one per parameter.
         probe = next(model.parameters(), None)
-        self._fsdp_probe = probe if probe is not None and not flattened_by_fsdp(probe) else None
+        self._probe = (
+            probe,
+            None if probe is None else probe.device,
+            probe is not None and flattened_by_fsdp(probe),
+        )
         if unit_unknown:
             warn_user(
                 "gradscope.watch: the watch was made on the model before FSDP wrapped it whole, "
@@ -570,10 +577,22 @@ class GradientWatch:
                 groups[key].flat.append(spec)
         return [group.freeze() for group in groups.values()]
 
+    def _parameters_replaced(self) -> bool:
+        """Whether the model's parameters changed since :meth:`_bind` (see there)."""
+        probe, device, flattened = self._probe
+        first = next(self.model.parameters(), None)
+        if first is not probe:
+            return True
+        return first is not None and (
+            first.device != device or (not flattened and flattened_by_fsdp(first))
+        )
+
     @torch.no_grad()
     def _read_weight_norms(self) -> np.ndarray:
         norms = np.zeros(len(self._params))
         for group in self._groups:
+            if group.params[0].device.type == "meta":  # no values yet (deferred init)
+                continue
             if group.sharded:
                 squares = _squares([local(p) for p in group.params])
                 squares = self._exchange_sum(squares) / group.replicas
@@ -653,10 +672,7 @@ class GradientWatch:
         """``sharded=False``: leave the sharded groups out (the second read of a step, which
         must run no collective: their figures came complete with the first)."""
         loss = None if loss is None else loss_from_output(loss)
-        probe = self._fsdp_probe
-        if type(self.model) is not self._root_class or (
-            probe is not None and flattened_by_fsdp(probe)
-        ):  # sharded (FSDP2, FSDP1) or re-wrapped since watch()
+        if type(self.model) is not self._root_class or self._parameters_replaced():
             self._bind()
         parts: dict[torch.device, list[torch.Tensor]] = {}
         layout: dict[torch.device, list[_Entry]] = {}
@@ -1044,6 +1060,7 @@ class GradientWatch:
             ranks=figures.ranks,
         )
         self._step += 1
+        self._collected += 1
         self.last = stats
         self._follow_episode(stats, locate, batch)
         for sink in self._sinks:
@@ -1239,6 +1256,13 @@ class GradientWatch:
         self._in_episode = True
         if locate is None:
             origin = statistics_origin(stats, [layer.name for layer in self.layers])
+            if self._sharded:
+                origin.details["hint"] = (
+                    "found from the statistics alone; a sharded model's step is not re-run "
+                    "(its forward gathers parameters from every rank): to find the operation "
+                    "and line, run the model unsharded in one process on this step's batch "
+                    "with locate="
+                )
         elif self._located >= self.max_located:
             origin = statistics_origin(stats, [layer.name for layer in self.layers])
             origin.details["reason"] = (
@@ -1271,7 +1295,15 @@ class GradientWatch:
                 )
             else:
                 origin.details.setdefault("reason", collapse)
-        if origin.phase == "update":
+        if origin.phase == "update" and self._collected == 1:
+            # Non-finite weights at the first step this watch saw: no optimizer step of its
+            # wrote them; they came that way (never initialised, or loaded so).
+            origin.details["at_start"] = True
+            origin.op = "initialisation"
+            from gradscope.core.diagnosis import hint_for
+
+            origin.details["hint"] = hint_for(origin)
+        elif origin.phase == "update":
             # The weights were written by the last applied optimizer step.
             origin.step = stats.step - 1
             names = sorted({type(each).__name__ for each in self.optimizers})

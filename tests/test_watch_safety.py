@@ -634,9 +634,9 @@ def test_a_watch_made_on_the_meta_device_follows_to_empty_and_names_the_missed_i
     assert "reset_parameters()" in origin.details["hint"]
 
 
-def test_a_watch_made_on_the_meta_device_reads_the_real_weights_after_to_empty():
+def test_a_watch_made_on_the_meta_device_reads_the_real_weights_after_to_empty(tmp_path):
     model = _deferred_model()
-    watch = gradscope.watch(model, detail_every=1)
+    watch = gradscope.watch(model, detail_every=1, record=tmp_path / "deferred.gsrec")
     _initialise(model, miss_second=False)
     reference = gradscope.watch(model, detail_every=1)
     model(torch.randn(3, 4)).sum().backward()
@@ -644,6 +644,11 @@ def test_a_watch_made_on_the_meta_device_reads_the_real_weights_after_to_empty()
     np.testing.assert_array_equal(got.grad_norm, expected.grad_norm)
     np.testing.assert_array_equal(got.weight_norm, expected.weight_norm)
     assert got.weight_norm.min() > 0
+    watch.close()
+    from gradscope.core.recording import RecordingReader
+
+    with RecordingReader(tmp_path / "deferred.gsrec") as reader:
+        assert reader.info["device"] == "cpu"  # not the meta device it was made on
 
 
 def test_a_non_finite_loss_from_statistics_alone_does_not_blame_the_loss_code():

@@ -142,6 +142,8 @@ class RecordingSink:
             info=info,
         )
         self._held: tuple[StepStats, Any, Origin | None] | None = None
+        # A model on the meta device (deferred init) gets its real device at to_empty().
+        self._device = info["device"]
         # At exit, also write a step still held for its update ratio; a weak reference, so
         # a forgotten watch does not keep its model alive.
         self._exit_hook = functools.partial(_close_sink, weakref.ref(self))
@@ -152,6 +154,11 @@ class RecordingSink:
         return self.writer.path
 
     def on_step(self, watch: GradientWatch, stats: StepStats) -> None:
+        if self._device == "meta":
+            first = next(iter(watch.model.parameters()), None)
+            if first is not None and first.device.type != "meta":
+                self._device = str(first.device)
+                self.writer.set_info("device", self._device)
         if self._held is not None:
             self.writer.append(*self._held[:2], origin=self._held[2])
             self._held = None

@@ -82,6 +82,12 @@ class _Rewind:
     step: int
 
 
+@dataclasses.dataclass(frozen=True)
+class _Info:
+    key: str
+    value: str
+
+
 class _Batch:
     """Rows packed by the writer thread, waiting for the next commit."""
 
@@ -95,6 +101,7 @@ class _Batch:
         self.counts: list[tuple[int, bytes, bytes]] = []
         self.events: list[tuple[int, int, str, str | None, str]] = []
         self.origins: list[tuple[int, str]] = []
+        self.info: list[tuple[str, str]] = []
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -306,6 +313,13 @@ class RecordingWriter:
         self._pending.append(_Rewind(int(step)))
         self._wake.set()
 
+    def set_info(self, key: str, value: Any) -> None:
+        """Replace one ``info`` entry (say the device, once a model built on the meta device
+        got real storage); written with the next commit."""
+        if self._closed:
+            raise GradScopeError(f"the recording {self.path} is closed")
+        self._pending.append(_Info(f"info.{key}", str(value)))
+
     def flush(self, timeout: float | None = 30.0) -> None:
         """Commit everything queued so far; returns when it is on disk (or on timeout)."""
         if self._closed:
@@ -368,6 +382,8 @@ class RecordingWriter:
                         stopping = True
                     elif isinstance(item, threading.Event):
                         markers.append(item)
+                    elif isinstance(item, _Info):
+                        batch.info.append((item.key, item.value))
                     elif isinstance(item, _Rewind):
                         self._commit(batch)
                         batch = _Batch()
@@ -598,6 +614,10 @@ class RecordingWriter:
         connection.execute("BEGIN IMMEDIATE")
         try:
             self._check_owner()
+            if batch.info:
+                connection.executemany(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", batch.info
+                )
             if batch.layers:
                 connection.executemany(
                     "INSERT INTO layers(position, name, type, params) VALUES (?,?,?,?)",

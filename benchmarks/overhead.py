@@ -370,6 +370,7 @@ DIST_VARIANTS = ("plain", "clip", "gradscope", "gradscope_detail1", "gradscope_c
 DIST_WORLD = 2
 DIST_JOIN_MARGIN_S = 120.0  # on top of a case's budget: start-up, warm-up, the last round
 SANITY_RELATIVE = 1e-5  # the watch's total grad norm against clip_grad_norm_'s
+PROFILE_CALLS, PROFILE_LINES = 20, 15  # --profile: calls profiled, functions shown
 
 
 @dataclass
@@ -416,7 +417,14 @@ def distributed_cases() -> list[DistributedCase]:
 
 
 def _fsdp_worker(
-    rank: int, world: int, port: int, name: str, scale: float, out: str, seconds: float
+    rank: int,
+    world: int,
+    port: int,
+    name: str,
+    scale: float,
+    out: str,
+    seconds: float,
+    profile: bool = False,
 ) -> None:
     """One rank of a distributed case: every rank runs the same variants in the same order
     (their collectives must pair up); rank 0 times its steps and writes the result."""
@@ -534,6 +542,29 @@ def _fsdp_worker(
             costs[variant].append(block[variant] - block["plain"])
         rounds += 1
     elapsed = time.perf_counter() - started
+    profiles = {}
+    if profile:  # after the timed rounds: where the added calls' time goes, on rank 0
+        import cProfile
+        import io
+        import pstats
+
+        for variant, call in (
+            ("gradscope", watch.collect),
+            ("gradscope_detail1", watch_detail1.collect),
+            ("clip", lambda loss: clip()),
+        ):
+            profiler = cProfile.Profile()
+            for _ in range(PROFILE_CALLS):
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                profiler.enable()
+                call(loss)
+                profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(PROFILE_LINES)
+            profiles[variant] = text.getvalue()
+        optimizer.zero_grad(set_to_none=True)
     watch.close()
     watch_detail1.close()
 
@@ -553,6 +584,8 @@ def _fsdp_worker(
             "sanity": sanity,
             "variants": {},
         }
+        if profiles:
+            result["profile_rank0"] = profiles
         for variant in DIST_VARIANTS:
             r = sorted(ratios[variant])
             c = sorted(costs[variant])
@@ -574,17 +607,27 @@ def _fsdp_worker(
                 "call_ms_p10": round(_quantile(sorted(call_times[variant]), 0.1) * 1e3, 3),
             }
         v = result["variants"]
+        plain_ms = v["plain"]["median_step_ms"]
+        for variant in DIST_VARIANTS:
+            v[variant]["call_ratio"] = round(1 + v[variant]["call_ms_median"] / plain_ms, 4)
         for watch_variant in ("gradscope", "gradscope_detail1"):
             suffix = "" if watch_variant == "gradscope" else "_detail1"
-            result["watch_cost_le_clip" + suffix] = bool(
-                v[watch_variant]["cost_ms_median"] <= v["clip"]["cost_ms_median"]
-            )
-            result["watch_cost_le_clip_p10" + suffix] = bool(
-                v[watch_variant]["cost_ms_p10_steps"] <= v["clip"]["cost_ms_p10_steps"]
-            )
-            result["watch_call_le_clip" + suffix] = bool(
+            # The target, on the figure this machine resolves: the calls alone, timed in
+            # the same steps (a whole FSDP step on gloo moves by more than both costs).
+            result["meets_target" + suffix] = bool(
                 v[watch_variant]["call_ms_median"] <= v["clip"]["call_ms_median"]
             )
+            # Whole steps: per round, the watch's block median minus clip's.
+            d = sorted(a - b for a, b in zip(times[watch_variant], times["clip"], strict=True))
+            low, high = _quantile(d, 0.25), _quantile(d, 0.75)
+            result["step_difference_ms" + suffix] = {
+                "median": round(statistics.median(d) * 1e3, 3),
+                "p25": round(low * 1e3, 3),
+                "p75": round(high * 1e3, 3),
+                "verdict": "within noise"
+                if low < 0 < high
+                else ("met" if statistics.median(d) <= 0 else "missed"),
+            }
         Path(out, "result.json").write_text(json.dumps(result, indent=2))
     dist.barrier()
     dist.destroy_process_group()
@@ -598,7 +641,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def run_distributed_case(case: DistributedCase, scale: float) -> dict:
+def run_distributed_case(case: DistributedCase, scale: float, profile: bool = False) -> dict:
     """Runs ``case`` on DIST_WORLD spawned processes and returns rank 0's result; a rank that
     fails or hangs raises RuntimeError with what happened, within a bounded time."""
     import tempfile
@@ -609,7 +652,7 @@ def run_distributed_case(case: DistributedCase, scale: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="gradscope-fsdp-bench-") as out:
         context = mp.start_processes(
             _fsdp_worker,
-            args=(DIST_WORLD, _free_port(), case.name, scale, out, worker_seconds),
+            args=(DIST_WORLD, _free_port(), case.name, scale, out, worker_seconds, profile),
             nprocs=DIST_WORLD,
             join=False,
             start_method="spawn",
@@ -692,16 +735,14 @@ def print_distributed_table(results: dict, header: str) -> None:
         clip = v["clip"]
         for watch_variant, suffix in (("gradscope", ""), ("gradscope_detail1", "_detail1")):
             w = v[watch_variant]
-            verdicts = [
-                "met" if res[key + suffix] else "MISSED"
-                for key in ("watch_cost_le_clip", "watch_cost_le_clip_p10", "watch_call_le_clip")
-            ]
+            verdict = "met" if res["meets_target" + suffix] else "MISSED"
+            d = res["step_difference_ms" + suffix]
             print(
-                f"{'':<18} target: {watch_variant} cost <= clip_grad_norm_'s: step medians "
-                f"{w['cost_ms_median']:.2f} vs {clip['cost_ms_median']:.2f} ms {verdicts[0]}, "
-                f"p10 steps {w['cost_ms_p10_steps']:.2f} vs {clip['cost_ms_p10_steps']:.2f} ms "
-                f"{verdicts[1]}, calls alone {w['call_ms_median']:.2f} vs "
-                f"{clip['call_ms_median']:.2f} ms {verdicts[2]}"
+                f"{'':<18} target: {watch_variant} cost <= clip_grad_norm_'s: {verdict} (calls "
+                f"alone {w['call_ms_median']:.2f} vs {clip['call_ms_median']:.2f} ms, "
+                f"{w['call_ratio']:.3f}x vs {clip['call_ratio']:.3f}x a plain step); whole "
+                f"steps: {d['verdict']} ({watch_variant} - clip {d['median']:.2f} ms, "
+                f"p25-p75 {d['p25']:.2f} to {d['p75']:.2f})"
             )
         sanity = res["sanity"]
         same = sanity["max_relative_difference"] <= SANITY_RELATIVE
@@ -730,6 +771,12 @@ def main(argv: list[str] | None = None) -> int:
         "--distributed",
         action="store_true",
         help="only the distributed cases (FSDP2 on 2 gloo processes: fsdp2_*)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="distributed cases: also profile (cProfile, rank 0) the watch's collect() and "
+        "clip_grad_norm_, printed after the table",
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply rounds and time budgets")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
@@ -780,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
         for case in distributed_cases():
             if wanted(case.name, True):
                 print(f"  {case.name}: {case.description} ...", flush=True)
-                distributed[case.name] = run_distributed_case(case, args.scale)
+                distributed[case.name] = run_distributed_case(case, args.scale, args.profile)
     elif args.distributed:
         print("torch.distributed is not available in this torch build", file=sys.stderr)
         return 1
@@ -793,6 +840,10 @@ def main(argv: list[str] | None = None) -> int:
             f"GradScope watch under FSDP2 (torch.distributed.fsdp.fully_shard) on cpu, "
             f"{DIST_WORLD} processes, gloo, torch {torch.__version__}, {os.cpu_count()} cores",
         )
+        for name, res in distributed.items():
+            for variant, text in res.get("profile_rank0", {}).items():
+                print(f"{name}, {variant}: cProfile of {PROFILE_CALLS} calls on rank 0")
+                print(text)
     common = {
         "command": "python benchmarks/overhead.py"
         + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),

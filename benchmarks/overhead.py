@@ -379,9 +379,10 @@ class DistributedCase:
     description: str
     build: Callable[[torch.device], tuple[nn.Module, torch.Tensor, torch.Tensor, Callable]]
     units: Callable[[nn.Module], list[nn.Module]]  # sharded one by one, then the root
-    rounds: int  # at most; fewer when the time budget runs out (never under 3)
+    rounds: int  # at most; fewer when the time budget runs out (never under min_rounds)
     steps: int
     budget_s: float
+    min_rounds: int = 3
 
 
 def _mlp_units(model: nn.Module) -> list[nn.Module]:
@@ -420,7 +421,7 @@ def _fsdp_worker(
     rank: int,
     world: int,
     port: int,
-    name: str,
+    case: DistributedCase,
     scale: float,
     out: str,
     seconds: float,
@@ -444,7 +445,6 @@ def _fsdp_worker(
     dist.init_process_group(
         "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
     )
-    case = next(c for c in distributed_cases() if c.name == name)
     device = torch.device("cpu")
     torch.manual_seed(0)  # the same weights on every rank
     model, x, y, loss_fn = case.build(device)
@@ -502,7 +502,7 @@ def _fsdp_worker(
     }
 
     rng = random.Random(1234)  # the same order on every rank
-    max_rounds = max(3, round(case.rounds * scale))
+    max_rounds = max(case.min_rounds, round(case.rounds * scale))
     budget = case.budget_s * scale
     load_before = os.getloadavg()[0]
     for variant in DIST_VARIANTS:
@@ -521,7 +521,7 @@ def _fsdp_worker(
         # Rank 0's clock decides, for every rank: a rank stopping alone would hang the other.
         if rank == 0:
             elapsed = time.perf_counter() - started
-            go.fill_(float(rounds < max_rounds and (rounds < 3 or elapsed < budget)))
+            go.fill_(float(rounds < max_rounds and (rounds < case.min_rounds or elapsed < budget)))
         dist.broadcast(go, src=0)
         if not go.item():
             break
@@ -647,12 +647,13 @@ def run_distributed_case(case: DistributedCase, scale: float, profile: bool = Fa
     import tempfile
 
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     worker_seconds = case.budget_s * scale + DIST_JOIN_MARGIN_S
     with tempfile.TemporaryDirectory(prefix="gradscope-fsdp-bench-") as out:
         context = mp.start_processes(
             _fsdp_worker,
-            args=(DIST_WORLD, _free_port(), case.name, scale, out, worker_seconds, profile),
+            args=(DIST_WORLD, _free_port(), case, scale, out, worker_seconds, profile),
             nprocs=DIST_WORLD,
             join=False,
             start_method="spawn",
@@ -668,7 +669,7 @@ def run_distributed_case(case: DistributedCase, scale: float, profile: bool = Fa
                         f"{case.name}: the ranks did not finish within "
                         f"{worker_seconds + 30:.0f} s (hung); killed"
                     )
-        except mp.ProcessException as error:  # a rank raised, or died (its stacks above)
+        except ProcessException as error:  # a rank raised, or died (its stacks above)
             for process in context.processes:
                 if process.is_alive():
                     process.kill()

@@ -706,7 +706,7 @@ def run_distributed_case(case: DistributedCase, scale: float, profile: bool = Fa
     import tempfile
 
     import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
+    from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
     worker_seconds = case.budget_s * scale + DIST_JOIN_MARGIN_S
     with tempfile.TemporaryDirectory(prefix="gradscope-fsdp-bench-") as out:
@@ -732,7 +732,13 @@ def run_distributed_case(case: DistributedCase, scale: float, profile: bool = Fa
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
-            raise RuntimeError(f"{case.name}: rank {error.error_index} failed: {error}") from None
+            reason = str(error)
+            if isinstance(error, ProcessExitedException):
+                reason += (
+                    f" (a rank still running after {worker_seconds:.0f} s dumps every thread's "
+                    "stack on stderr, above, and exits with code 1)"
+                )
+            raise RuntimeError(f"{case.name}: rank {error.error_index} failed: {reason}") from None
         return json.loads(Path(out, "result.json").read_text())
 
 

@@ -65,3 +65,20 @@ def test_a_failing_rank_ends_the_case_with_its_message(overhead):
     ):
         overhead.run_distributed_case(case, 1.0)
     assert time.monotonic() - started < 60
+
+
+def _build_hanging_on_rank1(device):
+    if torch.distributed.get_rank() == 1:
+        time.sleep(600)
+    return torch.nn.Linear(2, 2), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), None
+
+
+def test_a_hanging_rank_ends_the_case_with_a_message(overhead, monkeypatch):
+    monkeypatch.setattr(overhead, "DIST_JOIN_MARGIN_S", 5.0)  # each rank's deadline
+    case = overhead.DistributedCase(
+        "hangs", "hangs on rank 1", _build_hanging_on_rank1, _no_units, 1, 1, 0.0, 1
+    )
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"(?s)rank \d failed.*after 5 s dumps every thread"):
+        overhead.run_distributed_case(case, 1.0)
+    assert time.monotonic() - started < 60

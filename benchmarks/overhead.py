@@ -35,7 +35,28 @@ On CUDA (when ``torch.cuda.is_available()``) resnet50 at batch 64 is added, step
 with a synchronisation at each step's end, and the watch's ``launch()`` runs under
 ``torch.cuda.set_sync_debug_mode("error")``, so any host synchronisation inside it raises.
 
-Results go to ``benchmarks/results/overhead-<device>.json``.
+Distributed cases (``fsdp2_mlp``, ``fsdp2_transformer``; run by default, alone with
+``--distributed``): the same models sharded with FSDP2 (``fully_shard`` per layer, then the
+root) on 2 processes spawned here, gloo on the CPU at 127.0.0.1, one torch thread each. The
+variants, in the same shuffled order on both ranks (their collectives must pair up):
+``plain``; ``clip``, ``torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`` after
+backward (under FSDP2 it reduces the DTensor norms with its own all-reduce); ``gradscope`` and
+``gradscope_detail1`` (``watch.collect(loss)``); ``gradscope_clip``, both; ``reads_only``, a
+yardstick: each local shard's sum of squares by one ``_foreach_norm``, the loss, one
+``all_gather`` of that vector and one host transfer, by plain torch calls. Rank 0 times its
+steps. A variant's cost is its block median minus plain's in the same round; the added calls
+(``collect()``, ``clip_grad_norm_``) are also timed alone inside the same steps, after a
+barrier that every variant's step has (so both ranks start them together). The target
+(watch cost <= clip_grad_norm_'s, issue #14) is judged on those calls: a whole FSDP step over
+gloo moves between rounds by more than either cost on a shared 2-core machine; the table says
+when the whole-step difference is within that noise. Before the timed rounds the
+watch's total gradient norm is checked against the total norm ``clip_grad_norm_`` returns
+(exit status 1 when they differ). A rank that fails ends the case with its traceback; a rank
+that hangs dumps its stacks and is ended (each rank has a deadline of its budget plus 120 s).
+``--profile`` adds rank 0's cProfile of ``collect()`` and ``clip_grad_norm_``.
+
+Results go to ``benchmarks/results/overhead-<device>.json`` and, for the distributed cases,
+``benchmarks/results/overhead-fsdp2-cpu.json``.
 """
 
 from __future__ import annotations
@@ -365,6 +386,362 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+# -- distributed: FSDP2 on 2 gloo processes ---------------------------------------------
+DIST_VARIANTS = (
+    "plain",
+    "clip",
+    "gradscope",
+    "gradscope_detail1",
+    "gradscope_clip",
+    "reads_only",
+)
+DIST_WORLD = 2
+DIST_JOIN_MARGIN_S = 120.0  # on top of a case's budget: start-up, warm-up, the last round
+SANITY_RELATIVE = 1e-5  # the watch's total grad norm against clip_grad_norm_'s
+PROFILE_CALLS, PROFILE_LINES = 20, 15  # --profile: calls profiled, functions shown
+
+
+@dataclass
+class DistributedCase:
+    name: str
+    description: str
+    build: Callable[[torch.device], tuple[nn.Module, torch.Tensor, torch.Tensor, Callable]]
+    units: Callable[[nn.Module], list[nn.Module]]  # sharded one by one, then the root
+    rounds: int  # at most; fewer when the time budget runs out (never under min_rounds)
+    steps: int
+    budget_s: float
+    min_rounds: int = 3
+
+
+def _mlp_units(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model if next(m.parameters(), None) is not None]
+
+
+def _encoder_units(model: nn.Module) -> list[nn.Module]:
+    return [*model.encoder.layers, model.head]
+
+
+def distributed_cases() -> list[DistributedCase]:
+    return [
+        DistributedCase(
+            "fsdp2_mlp",
+            "20-layer MLP, width 256, batch 32 per rank; fully_shard per Linear and the root",
+            _mlp,
+            _mlp_units,
+            60,
+            6,
+            40,
+        ),
+        DistributedCase(
+            "fsdp2_transformer",
+            "4-layer transformer encoder, d=128, seq 64, batch 16 per rank; fully_shard per "
+            "encoder layer, the head and the root",
+            _transformer,
+            _encoder_units,
+            40,
+            3,
+            50,
+        ),
+    ]
+
+
+def _fsdp_worker(
+    rank: int,
+    world: int,
+    port: int,
+    case: DistributedCase,
+    scale: float,
+    out: str,
+    seconds: float,
+    profile: bool = False,
+) -> None:
+    """One rank of a distributed case: every rank runs the same variants in the same order
+    (their collectives must pair up); rank 0 times its steps and writes the result."""
+    import datetime
+    import faulthandler
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    # A hang ends this process with every thread's stack on stderr, never a stalled run.
+    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    threads = max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", message=".*[Aa]nomaly [Dd]etection.*")
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    device = torch.device("cpu")
+    torch.manual_seed(0)  # the same weights on every rank
+    model, x, y, loss_fn = case.build(device)
+    torch.manual_seed(1000 + rank)  # each rank its own batch
+    _, x, y, _ = case.build(device)
+    for unit in case.units(model):
+        fully_shard(unit)
+    fully_shard(model)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    watch = gradscope.watch(model)
+    watch_detail1 = gradscope.watch(model, detail_every=1)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def clip() -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(params, 1.0)
+
+    # all_gather_into_tensor is deprecated (a FutureWarning) from torch 2.14 on.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+    def reads_only(loss: torch.Tensor) -> list[float]:
+        # A yardstick, not a tool: what the default watch's figures need on a sharded
+        # model, by plain torch calls: each local shard's sum of squares (one fused call)
+        # and the loss, one all_gather of that vector, one host transfer.
+        shards = [p.grad.to_local() for p in params if p.grad is not None]
+        mine = torch.stack([*torch._foreach_norm(shards, 2), loss.detach()]).double()
+        mine[:-1] = mine[:-1].square()
+        gathered = torch.empty(world * mine.numel(), dtype=mine.dtype)
+        gather(gathered, mine)
+        return gathered.view(world, -1).sum(dim=0).tolist()
+
+    calls: list[float] = []  # the time of the added calls alone, per step
+
+    def step(variant: str) -> float:
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        # Every variant (plain too) meets the other rank here, so the calls timed next start
+        # together and their times hold no wait for a rank still in its backward.
+        dist.barrier()
+        called = time.perf_counter()
+        if variant in ("gradscope", "gradscope_clip"):
+            watch.collect(loss)
+        elif variant == "gradscope_detail1":
+            watch_detail1.collect(loss)
+        elif variant == "reads_only":
+            reads_only(loss)
+        if variant in ("clip", "gradscope_clip"):
+            clip()
+        done = time.perf_counter()
+        optimizer.step()
+        end = time.perf_counter()
+        calls.append(done - called)
+        return end - start
+
+    # Sanity, untimed: the watch's total gradient norm is clip_grad_norm_'s (both before
+    # clipping), so the figures compared below are right, not only fast.
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    checks = {}
+    for label, w in (("gradscope", watch), ("gradscope_detail1", watch_detail1)):
+        checks[label] = w.collect(loss).total_grad_norm
+    total = clip()
+    total = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+    optimizer.zero_grad(set_to_none=True)
+    sanity = {
+        "clip_grad_norm_total": total,
+        "watch_total_grad_norm": checks,
+        "max_relative_difference": max(
+            abs(v - total) / max(abs(total), 1e-30) for v in checks.values()
+        ),
+    }
+
+    rng = random.Random(1234)  # the same order on every rank
+    max_rounds = max(case.min_rounds, round(case.rounds * scale))
+    budget = case.budget_s * scale
+    load_before = os.getloadavg()[0]
+    for variant in DIST_VARIANTS:
+        gc.collect()
+        for _ in range(2):
+            step(variant)
+    times: dict[str, list[float]] = {v: [] for v in DIST_VARIANTS}
+    every: dict[str, list[float]] = {v: [] for v in DIST_VARIANTS}
+    ratios: dict[str, list[float]] = {v: [] for v in DIST_VARIANTS}
+    costs: dict[str, list[float]] = {v: [] for v in DIST_VARIANTS}
+    call_times: dict[str, list[float]] = {v: [] for v in DIST_VARIANTS}
+    call_blocks: dict[str, list[float]] = {v: [] for v in DIST_VARIANTS}
+    started = time.perf_counter()
+    rounds = 0
+    go = torch.ones(1)
+    while True:
+        # Rank 0's clock decides, for every rank: a rank stopping alone would hang the other.
+        if rank == 0:
+            elapsed = time.perf_counter() - started
+            go.fill_(float(rounds < max_rounds and (rounds < case.min_rounds or elapsed < budget)))
+        dist.broadcast(go, src=0)
+        if not go.item():
+            break
+        order = list(DIST_VARIANTS)
+        rng.shuffle(order)
+        block = {}
+        for variant in order:
+            gc.collect()
+            step(variant)  # untimed: the first step after switching variant
+            calls.clear()
+            measured = [step(variant) for _ in range(case.steps)]
+            call_times[variant] += calls
+            call_blocks[variant].append(statistics.median(calls))
+            every[variant] += measured
+            block[variant] = statistics.median(measured)
+            times[variant].append(block[variant])
+        for variant in DIST_VARIANTS:
+            ratios[variant].append(block[variant] / block["plain"])
+            costs[variant].append(block[variant] - block["plain"])
+        rounds += 1
+    elapsed = time.perf_counter() - started
+    profiles = {}
+    if profile:  # after the timed rounds: where the added calls' time goes, on rank 0
+        import cProfile
+        import io
+        import pstats
+
+        for variant, call in (
+            ("gradscope", watch.collect),
+            ("gradscope_detail1", watch_detail1.collect),
+            ("clip", lambda loss: clip()),
+        ):
+            profiler = cProfile.Profile()
+            for _ in range(PROFILE_CALLS):
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                profiler.enable()
+                call(loss)
+                profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(PROFILE_LINES)
+            profiles[variant] = text.getvalue()
+        optimizer.zero_grad(set_to_none=True)
+    watch.close()
+    watch_detail1.close()
+
+    if rank == 0:
+        plain_p10 = _quantile(sorted(every["plain"]), 0.1)
+        result = {
+            "description": case.description,
+            "world_size": world,
+            "backend": "gloo",
+            "torch_threads_per_rank": threads,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "watched_layers": len(watch.layers),
+            "rounds": rounds,
+            "steps_per_block": case.steps,
+            "seconds": round(elapsed, 1),
+            "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "sanity": sanity,
+            "variants": {},
+        }
+        if profiles:
+            result["profile_rank0"] = profiles
+        for variant in DIST_VARIANTS:
+            r = sorted(ratios[variant])
+            c = sorted(costs[variant])
+            p10 = _quantile(sorted(every[variant]), 0.1)
+            result["variants"][variant] = {
+                "median_step_ms": round(statistics.median(times[variant]) * 1e3, 3),
+                "p10_step_ms": round(p10 * 1e3, 3),
+                "ratio_median": round(statistics.median(r), 4),
+                "ratio_p25": round(_quantile(r, 0.25), 4),
+                "ratio_p75": round(_quantile(r, 0.75), 4),
+                "ratio_p10_steps": round(p10 / plain_p10, 4),
+                # cost: this variant's block median minus plain's, same round
+                "cost_ms_median": round(statistics.median(c) * 1e3, 3),
+                "cost_ms_p25": round(_quantile(c, 0.25) * 1e3, 3),
+                "cost_ms_p75": round(_quantile(c, 0.75) * 1e3, 3),
+                "cost_ms_p10_steps": round((p10 - plain_p10) * 1e3, 3),
+                # the added calls alone (collect, clip_grad_norm_), timed inside the step
+                "call_ms_median": round(statistics.median(call_times[variant]) * 1e3, 3),
+                "call_ms_p10": round(_quantile(sorted(call_times[variant]), 0.1) * 1e3, 3),
+            }
+        v = result["variants"]
+        plain_ms = v["plain"]["median_step_ms"]
+        for variant in DIST_VARIANTS:
+            v[variant]["call_ratio"] = round(1 + v[variant]["call_ms_median"] / plain_ms, 4)
+        for watch_variant in ("gradscope", "gradscope_detail1"):
+            suffix = "" if watch_variant == "gradscope" else "_detail1"
+            # The target, on the figure this machine resolves: the calls alone, timed in
+            # the same steps (a whole FSDP step on gloo moves by more than both costs).
+            result["meets_target" + suffix] = bool(
+                v[watch_variant]["call_ms_median"] <= v["clip"]["call_ms_median"]
+            )
+            # Whole steps: per round, the watch's block median minus clip's.
+            d = sorted(a - b for a, b in zip(times[watch_variant], times["clip"], strict=True))
+            low, high = _quantile(d, 0.25), _quantile(d, 0.75)
+            result["step_difference_ms" + suffix] = {
+                "median": round(statistics.median(d) * 1e3, 3),
+                "p25": round(low * 1e3, 3),
+                "p75": round(high * 1e3, 3),
+                "verdict": "within noise"
+                if low < 0 < high
+                else ("met" if statistics.median(d) <= 0 else "missed"),
+            }
+            # The calls: per round, the watch's block median minus clip's.
+            d = sorted(
+                a - b for a, b in zip(call_blocks[watch_variant], call_blocks["clip"], strict=True)
+            )
+            result["call_difference_ms" + suffix] = {
+                "median": round(statistics.median(d) * 1e3, 3),
+                "p25": round(_quantile(d, 0.25) * 1e3, 3),
+                "p75": round(_quantile(d, 0.75) * 1e3, 3),
+                "rounds_met": sum(x <= 0 for x in d),
+            }
+        Path(out, "result.json").write_text(json.dumps(result, indent=2))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_distributed_case(case: DistributedCase, scale: float, profile: bool = False) -> dict:
+    """Runs ``case`` on DIST_WORLD spawned processes and returns rank 0's result; a rank that
+    fails or hangs raises RuntimeError with what happened, within a bounded time."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
+
+    worker_seconds = case.budget_s * scale + DIST_JOIN_MARGIN_S
+    with tempfile.TemporaryDirectory(prefix="gradscope-fsdp-bench-") as out:
+        context = mp.start_processes(
+            _fsdp_worker,
+            args=(DIST_WORLD, _free_port(), case, scale, out, worker_seconds, profile),
+            nprocs=DIST_WORLD,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + worker_seconds + 30
+        try:
+            while not context.join(timeout=5):
+                if time.monotonic() > deadline:
+                    for process in context.processes:
+                        if process.is_alive():
+                            process.kill()
+                    raise RuntimeError(
+                        f"{case.name}: the ranks did not finish within "
+                        f"{worker_seconds + 30:.0f} s (hung); killed"
+                    )
+        except ProcessException as error:  # a rank raised, or died (its stacks above)
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+            reason = str(error)
+            if isinstance(error, ProcessExitedException):
+                reason += (
+                    f" (a rank still running after {worker_seconds:.0f} s dumps every thread's "
+                    "stack on stderr, above, and exits with code 1)"
+                )
+            raise RuntimeError(f"{case.name}: rank {error.error_index} failed: {reason}") from None
+        return json.loads(Path(out, "result.json").read_text())
+
+
 # -- output ---------------------------------------------------------------------------
 def print_table(results: dict, header: str) -> None:
     print(header)
@@ -402,14 +779,81 @@ def print_table(results: dict, header: str) -> None:
         print()
 
 
+def print_distributed_table(results: dict, header: str) -> None:
+    print(header)
+    cols = (
+        f"{'model':<18} {'variant':<18} {'step ms':>9} {'ratio':>7} {'p25-p75':>14} "
+        f"{'cost ms':>8} {'p25-p75 ms':>14} {'p10 cost':>9} {'call ms':>8}"
+    )
+    print(cols)
+    print("-" * len(cols))
+    for name, res in results.items():
+        for variant in DIST_VARIANTS:
+            v = res["variants"][variant]
+            spread = f"{v['ratio_p25']:.3f}-{v['ratio_p75']:.3f}"
+            cost_spread = f"{v['cost_ms_p25']:.2f}-{v['cost_ms_p75']:.2f}"
+            print(
+                f"{name:<18} {variant:<18} {v['median_step_ms']:>9.2f} "
+                f"{v['ratio_median']:>6.3f}x {spread:>14} {v['cost_ms_median']:>8.2f} "
+                f"{cost_spread:>14} {v['cost_ms_p10_steps']:>9.2f} {v['call_ms_median']:>8.2f}"
+            )
+        v = res["variants"]
+        clip = v["clip"]
+        for watch_variant, suffix in (("gradscope", ""), ("gradscope_detail1", "_detail1")):
+            w = v[watch_variant]
+            verdict = "met" if res["meets_target" + suffix] else "MISSED"
+            d = res["step_difference_ms" + suffix]
+            c = res["call_difference_ms" + suffix]
+            print(
+                f"{'':<18} target: {watch_variant} cost <= clip_grad_norm_'s: {verdict} (calls "
+                f"alone {w['call_ms_median']:.2f} vs {clip['call_ms_median']:.2f} ms, "
+                f"{w['call_ratio']:.3f}x vs {clip['call_ratio']:.3f}x a plain step; per round "
+                f"{c['p25']:.2f} to {c['p75']:.2f} ms more, met in {c['rounds_met']} of "
+                f"{res['rounds']} rounds); whole steps: {d['verdict']} ({d['median']:.2f} ms "
+                f"more, p25-p75 {d['p25']:.2f} to {d['p75']:.2f})"
+            )
+        sanity = res["sanity"]
+        same = sanity["max_relative_difference"] <= SANITY_RELATIVE
+        load = res["load_average_1min"]
+        print(
+            f"{'':<18} total grad norm: watch {sanity['watch_total_grad_norm']['gradscope']:.9g}"
+            f", clip_grad_norm_ {sanity['clip_grad_norm_total']:.9g}: "
+            f"{'equal' if same else 'DIFFERENT'} (relative difference "
+            f"{sanity['max_relative_difference']:.1e})\n"
+            f"{'':<18} {res['world_size']} ranks (gloo, {res['torch_threads_per_rank']} "
+            f"thread each), rank 0's steps; {res['rounds']} rounds x "
+            f"{res['steps_per_block']} steps in {res['seconds']} s; load average {load[0]} "
+            f"before, {load[1]} after"
+        )
+        print()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--models", nargs="*", help="subset of: mlp resnet18 many_layers transformer resnet50"
+        "--models",
+        nargs="*",
+        help="subset of: mlp resnet18 many_layers transformer resnet50 fsdp2_mlp fsdp2_transformer",
+    )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="only the distributed cases (FSDP2 on 2 gloo processes: fsdp2_*)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="distributed cases: also profile (cProfile, rank 0) the watch's collect() and "
+        "clip_grad_norm_, printed after the table",
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply rounds and time budgets")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/overhead-<device>.json, and "
+        "overhead-fsdp2-cpu.json for the distributed cases)",
+    )
     args = parser.parse_args(argv)
 
     threads = os.cpu_count() or 1
@@ -435,21 +879,48 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} cores"
     )
     print(header, flush=True)
+
+    def wanted(name: str, distributed: bool) -> bool:
+        if args.models:
+            return name in args.models
+        return distributed or not args.distributed
+
     results: dict[str, dict] = {}
     for case in cases(device):
-        if args.models and case.name not in args.models:
-            continue
-        print(f"  {case.name}: {case.description} ...", flush=True)
-        results[case.name] = run_case(case, device, rng, args.scale)
+        if wanted(case.name, False):
+            print(f"  {case.name}: {case.description} ...", flush=True)
+            results[case.name] = run_case(case, device, rng, args.scale)
+    distributed: dict[str, dict] = {}
+    if torch.distributed.is_available():
+        for case in distributed_cases():
+            if wanted(case.name, True):
+                print(f"  {case.name}: {case.description} ...", flush=True)
+                distributed[case.name] = run_distributed_case(case, args.scale, args.profile)
+    elif args.distributed:
+        print("torch.distributed is not available in this torch build", file=sys.stderr)
+        return 1
     print()
-    print_table(results, header)
-    payload = {
+    if results:
+        print_table(results, header)
+    if distributed:
+        print_distributed_table(
+            distributed,
+            f"GradScope watch under FSDP2 (torch.distributed.fsdp.fully_shard) on cpu, "
+            f"{DIST_WORLD} processes, gloo, torch {torch.__version__}, {os.cpu_count()} cores",
+        )
+        for name, res in distributed.items():
+            for variant, text in res.get("profile_rank0", {}).items():
+                print(f"{name}, {variant}: cProfile of {PROFILE_CALLS} calls on rank 0")
+                print(text)
+    common = {
         "command": "python benchmarks/overhead.py"
         + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine,
         "ratio": "median over rounds of (variant block median step time / plain's, same round)",
         "ratio_p10_steps": "10th percentile of all the variant's step times / plain's",
+    }
+    single = {
         "cuda_sync_check": (
             "watch.launch() ran under torch.cuda.set_sync_debug_mode('error'): no sync"
             if device.type == "cuda"
@@ -457,14 +928,40 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "models": results,
     }
-    out = (
-        Path(args.out)
-        if args.out
-        else ROOT / "benchmarks" / "results" / f"overhead-{device.type}.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    several = {
+        "cost_ms": "median over rounds of (variant block median step time - plain's, same "
+        "round), rank 0's steps",
+        "cost_ms_p10_steps": "10th percentile of the variant's step times - plain's",
+        "call_ms": "the added calls alone (collect(), clip_grad_norm_, reads_only), timed "
+        "inside the same steps: the figure meets_target is judged on",
+        "clip": "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) after backward",
+        "distributed": distributed,
+    }
+    results_dir = ROOT / "benchmarks" / "results"
+    if args.out:
+        outputs = [(Path(args.out), {**common, **single, **several})]
+    else:
+        outputs = []
+        if results:
+            outputs.append((results_dir / f"overhead-{device.type}.json", {**common, **single}))
+        if distributed:
+            outputs.append((results_dir / "overhead-fsdp2-cpu.json", {**common, **several}))
+    for out, payload in outputs:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    wrong = [
+        name
+        for name, res in distributed.items()
+        if res["sanity"]["max_relative_difference"] > SANITY_RELATIVE
+    ]
+    if wrong:
+        print(
+            f"the watch's total grad norm differs from clip_grad_norm_'s in {wrong}: "
+            "the figures above are not to be trusted",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -59,7 +59,8 @@ def test_fsdp2_statistics_equal_an_unsharded_copy_with_one_collective(tmp_path):
             # One all_gather of one small vector per collect(), nothing else; the first
             # collect() after sharding also reads the new weights' norms once.
             assert entry["collectives"] == {
-                "all_gather_into_tensor": 1,
+                "all_gather_single": 1,
+                "all_gather_into_tensor": 0,
                 "all_reduce": 1 if step == 0 else 0,
                 "all_gather": 0,
                 "broadcast": 0,
@@ -97,7 +98,8 @@ def check_sharded_run(facts: dict) -> None:
         if step == 2:  # a step like the one before it: norms only, one collective
             assert entry["late"]["max_abs"] is None
             assert entry["late_collectives"] == {
-                "all_gather_into_tensor": 1,
+                "all_gather_single": 1,
+                "all_gather_into_tensor": 0,
                 "all_reduce": 0,
                 "all_gather": 0,
                 "broadcast": 0,
@@ -113,8 +115,20 @@ def check_sharded_run(facts: dict) -> None:
     assert skipped is None and last is None
 
 
+def check_own_shards(facts_per_rank: list[dict], replicas: int) -> None:
+    """collectives=False: each rank's figures are its own shards', so their squares add up
+    to the whole model's, each shard counted once (HSDP: every replica holds it)."""
+    first = facts_per_rank[0]["steps"][0]
+    own = [facts["steps"][0]["own_total"] for facts in facts_per_rank]
+    assert min(own) > 0
+    whole = sum(total**2 for total in own) / replicas
+    assert abs(whole - first["expected_total"] ** 2) < 1e-4 * first["expected_total"] ** 2
+
+
 def test_fsdp1_with_orig_params_equals_an_unsharded_copy(tmp_path):
-    for facts in run_workers(fsdp1_statistics, tmp_path):
+    every = run_workers(fsdp1_statistics, tmp_path)
+    check_own_shards(every, replicas=1)
+    for facts in every:
         check_sharded_run(facts)
         more = facts["more"]
         # Wrapped whole after the watch: right figures, and a warning that says why the
@@ -129,5 +143,7 @@ def test_fsdp1_with_orig_params_equals_an_unsharded_copy(tmp_path):
 
 
 def test_hsdp_replicated_shards_are_counted_once(tmp_path):
-    for facts in run_workers(hsdp_statistics, tmp_path):
+    every = run_workers(hsdp_statistics, tmp_path)
+    check_own_shards(every, replicas=2)
+    for facts in every:
         check_sharded_run(facts)

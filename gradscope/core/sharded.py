@@ -240,7 +240,9 @@ class RankExchange:
         reduced vector, on the same device, with no host synchronisation."""
         length = vector.numel()
         flat = torch.empty(self.world * length, dtype=vector.dtype, device=vector.device)
-        torch.distributed.all_gather_into_tensor(flat, vector)
+        # all_gather_single replaces the deprecated all_gather_into_tensor (torch >= 2.14).
+        gather = getattr(torch.distributed, "all_gather_single", None)
+        (gather or torch.distributed.all_gather_into_tensor)(flat, vector)
         gathered = flat.view(self.world, length)
         body = length - facts
         mine = vector[:body]

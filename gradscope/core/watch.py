@@ -531,6 +531,9 @@ class GradientWatch:
         self._groups = self._group(self._params, sparse_capable, flat)
         self._unwatched_groups = self._group(self._unwatched, sparse_capable, flat)
         every = (*self._groups, *self._unwatched_groups)
+        if self._exchange is None:  # this rank's shards only: each counts once, as it is
+            for group in every:
+                group.replicas = 1
         self._sharded = any(g.sharded for g in every)
         # Sharded and whole parameters in one model (say, a module left out of FSDP): the
         # whole ones' figures are this rank's own, so a status decided from them may differ

@@ -128,7 +128,13 @@ def fsdp2_statistics(rank: int, world: int, port: int, out: str) -> None:
     late = gradscope.watch(after, detail_every=1)
     reference_watch = gradscope.watch(reference, collectives=False, detail_every=1)
 
-    counts = {"all_gather_into_tensor": 0, "all_reduce": 0, "all_gather": 0, "broadcast": 0}
+    counts = {
+        "all_gather_single": 0,
+        "all_gather_into_tensor": 0,
+        "all_reduce": 0,
+        "all_gather": 0,
+        "broadcast": 0,
+    }
     originals = {name: getattr(dist, name) for name in counts}
 
     def counting(name):
@@ -254,7 +260,15 @@ def sharded_run(rank, world, out, wrap, *, nan_step=3, steps=4, more=None) -> No
         reference, collectives=False, detail_every=1, update_ratio=True, optimizer=optimizers[2]
     )
     ratios = []
-    counts = {"all_gather_into_tensor": 0, "all_reduce": 0, "all_gather": 0, "broadcast": 0}
+    # Made on every rank but told to run no collective: this rank's shards only.
+    alone = gradscope.watch(late_model, collectives=False)
+    counts = {
+        "all_gather_single": 0,
+        "all_gather_into_tensor": 0,
+        "all_reduce": 0,
+        "all_gather": 0,
+        "broadcast": 0,
+    }
     originals = {name: getattr(dist, name) for name in counts}
     facts = {"steps": [], "expected_names": [layer.name for layer in reference_watch.layers]}
     facts["names"] = {
@@ -290,8 +304,11 @@ def sharded_run(rank, world, out, wrap, *, nan_step=3, steps=4, more=None) -> No
         finally:
             for name, function in originals.items():
                 setattr(dist, name, function)
+        own = alone.collect()
         facts["steps"].append(
             {
+                "own_total": own.total_grad_norm,
+                "expected_total": expected.total_grad_norm,
                 "early": _compare(got_early, expected),
                 "late": _compare(got_late, expected),
                 "late_collectives": {k: counts[k] - before_counts[k] for k in counts},

@@ -1,0 +1,261 @@
+"""Hundreds of layers' lines drawn as one image (issue 17: zoom on 500 layers x 20,000 steps).
+
+The gradient-norm plot shows every grouped layer as a line through its per-block minimum and
+maximum (peak downsampling to about one block a pixel column). Drawn by Qt, that is about
+310,000 line segments of 500 layers at each zoom or pan: 25-30 ms of the paint, whose cost
+is per segment. Here the same lines are rasterised with numpy: each layer's line becomes one
+vertical run of pixels per pixel column it crosses (a column's run covers the block's
+minimum to maximum and the parts of the lines to its neighbours that fall in that column),
+all runs go into one index image in a few array passes, and Qt draws that image once. Every
+pixel a layer's line passes through is coloured (by the layer drawn last there, as when the
+lines are drawn one after the other); nothing shown is dropped. The image is kept until the
+data, the view range or the size change: a repaint for a hover label or a selection only
+draws it again.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, QRectF
+from PySide6.QtGui import QColor, QImage
+
+
+def _premultiplied_argb(color: QColor) -> int:
+    alpha = color.alpha()
+    red, green, blue = (round(c * alpha / 255) for c in (color.red(), color.green(), color.blue()))
+    return (alpha << 24) | (red << 16) | (green << 8) | blue
+
+
+def line_runs(
+    x: np.ndarray, low: np.ndarray, high: np.ndarray, width: int, height: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pixel runs that draw each layer's line, in an image ``width`` x ``height``.
+
+    ``x`` (n points, increasing) and ``low``/``high`` (layers x n) are pixel coordinates
+    (x to the right, rows downwards; NaN where a layer has no value). A layer's line is
+    the one pyqtgraph's peak mode draws: at each point a vertical stroke from ``low`` to
+    ``high``, and from there a straight segment to the next point's ``low`` when both are
+    finite (a NaN breaks the line). Returns the runs as (column, first row, last row,
+    layer): a run covers every row the line passes through in its pixel column, clipped
+    to the image; runs entirely outside it are left out.
+    """
+    layers, count = low.shape
+    if not count or not layers:
+        empty = np.zeros(0, dtype=np.int32)
+        return empty, empty, empty, empty
+    x = np.asarray(x, dtype=np.float64)
+    columns = np.floor(x).astype(np.int64)
+    top = np.fmin(low, high)
+    bottom = np.fmax(low, high)
+    runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [(columns, top, bottom)]
+    if count > 1:
+        # Each segment, from a point's ``high`` to the next point's ``low``: NaN at either
+        # end makes it NaN everywhere (not drawn).
+        start, end = high[:, :-1], low[:, 1:]
+        rise = end - start
+        gaps = np.diff(x)
+        # Where the segment leaves its first point's column and where it enters its last
+        # point's column, as fractions of the way.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            leave = np.where(gaps > 0, (np.minimum(columns[:-1] + 1.0, x[1:]) - x[:-1]) / gaps, 1)
+            enter = np.where(gaps > 0, (np.maximum(columns[1:], x[:-1]) - x[:-1]) / gaps, 0)
+        leaving = start + leave.astype(rise.dtype) * rise
+        arriving = start + enter.astype(rise.dtype) * rise
+        np.fmin(top[:, :-1], leaving, out=top[:, :-1])
+        np.fmax(bottom[:, :-1], leaving, out=bottom[:, :-1])
+        np.fmin(top[:, 1:], arriving, out=top[:, 1:])
+        np.fmax(bottom[:, 1:], arriving, out=bottom[:, 1:])
+        # Columns a segment crosses whole, between its two points (points more than a pixel
+        # apart, zoomed in): one run in each.
+        crossed = np.maximum(columns[1:] - columns[:-1] - 1, 0)
+        if crossed.any():
+            segment = np.repeat(np.arange(count - 1), crossed)
+            column = (
+                columns[:-1][segment]
+                + 1
+                + (np.arange(len(segment)) - np.repeat(np.cumsum(crossed) - crossed, crossed))
+            )
+            first = ((column - x[:-1][segment]) / gaps[segment]).astype(rise.dtype)
+            last = ((column + 1 - x[:-1][segment]) / gaps[segment]).astype(rise.dtype)
+            at_first = start[:, segment] + first * rise[:, segment]
+            at_last = start[:, segment] + last * rise[:, segment]
+            runs.append((column, np.fmin(at_first, at_last), np.fmax(at_first, at_last)))
+    parts: list[tuple[np.ndarray, ...]] = []
+    for column, run_top, run_bottom in runs:
+        # NaN compares false: layers with no value there have no run.
+        shown = (run_bottom >= 0) & (run_top < height) & ((column >= 0) & (column < width))
+        where = np.flatnonzero(shown)  # (np.nonzero of a 2-d mask is ten times slower)
+        layer, position = np.divmod(where, len(column))
+        parts.append((column[position], run_top.ravel()[where], run_bottom.ravel()[where], layer))
+    if len(parts) == 1:
+        column, top, bottom, layer = parts[0]
+    else:
+        column, top, bottom, layer = (np.concatenate(p) for p in zip(*parts, strict=True))
+    # The rows whose centres the run passes (as Qt's aliased lines, one pixel thin); a run
+    # that passes none (a short or shallow piece) gets the row it lies in.
+    first_row = np.ceil(top - 0.5)
+    last_row = np.ceil(bottom - 0.5) - 1
+    short = last_row < first_row
+    first_row[short] = last_row[short] = np.floor((top[short] + bottom[short]) / 2)
+    first_row = np.clip(first_row, 0, height - 1).astype(np.int32)
+    last_row = np.clip(last_row, 0, height - 1).astype(np.int32)
+    return column.astype(np.int32), first_row, last_row, layer.astype(np.int32)
+
+
+def rasterize(
+    x: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    color_index: np.ndarray,
+    width: int,
+    height: int,
+) -> np.ndarray:
+    """A ``height`` x ``width`` image of colour indices (0: nothing drawn) of the layers'
+    lines (see :func:`line_runs`). Where lines cross, the larger colour index shows (the
+    one drawn last)."""
+    column, first_row, last_row, layer = line_runs(x, low, high, width, height)
+    image = np.zeros(width * height, dtype=np.uint16)  # column after column
+    if len(column):
+        lengths = last_row - first_row + 1
+        starts = column * height + first_row
+        # Every pixel of every run, in one array: each run's first index, then +1 steps.
+        total = int(lengths.sum())
+        steps = np.ones(total, dtype=np.int32)
+        run_starts = np.cumsum(lengths) - lengths
+        steps[0] = starts[0]
+        steps[run_starts[1:]] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
+        pixels = np.cumsum(steps, dtype=np.int32)
+        values = np.repeat(np.asarray(color_index, dtype=np.uint16)[layer], lengths)
+        np.maximum.at(image, pixels, values)
+    return image.reshape(width, height).T
+
+
+class PeakRasterItem(pg.GraphicsObject):
+    """Layers' lines through points ``x`` with per-point ``low``/``high`` values (view
+    coordinates), each in its colour, drawn 1 px wide, not antialiased, as one image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._x = np.zeros(0)
+        self._low = np.zeros((0, 0))
+        self._high = np.zeros((0, 0))
+        self._color_index = np.zeros(0, dtype=np.uint16)
+        self._palette = np.zeros(1, dtype=np.uint32)
+        self._bounds: QRectF | None = None
+        self._version = 0
+        self._image: QImage | None = None
+        self._image_key: tuple | None = None
+        self._image_at = QPointF()
+        self.rasterized = 0  # images made (a repaint with nothing changed makes none)
+
+    def set_data(
+        self,
+        x: np.ndarray,
+        low: np.ndarray,
+        high: np.ndarray,
+        color_index: np.ndarray,
+        colors: list[QColor],
+    ) -> None:
+        """``low``/``high``: layers x points (equal for plain points; NaN: no value, the
+        line breaks). ``color_index[i]`` (1-based) picks layer i's colour in ``colors``;
+        a larger index is drawn over a smaller one."""
+        self._x = np.asarray(x, dtype=np.float64)
+        self._low, self._high = low, high
+        self._color_index = np.asarray(color_index, dtype=np.uint16)
+        self._palette = np.array([0, *(_premultiplied_argb(c) for c in colors)], dtype=np.uint32)
+        self._version += 1
+        finite = np.isfinite(low) & np.isfinite(high)
+        if finite.any():
+            points = np.flatnonzero(finite.any(axis=0))
+            x0, x1 = float(self._x[points[0]]), float(self._x[points[-1]])
+            y0, y1 = float(low[finite].min()), float(high[finite].max())
+            bounds = QRectF(x0, y0, x1 - x0, y1 - y0)
+        else:
+            bounds = None
+        if bounds != self._bounds:
+            self.prepareGeometryChange()
+            self._bounds = bounds
+        self.informViewBoundsChanged()
+        self.update()
+
+    def data_points(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every finite point (x, value) of every layer, low then high (for dots)."""
+        finite = np.isfinite(self._low)
+        columns = np.nonzero(finite)[1]
+        return self._x[columns], self._low[finite]
+
+    def dataBounds(self, ax: int, frac: float = 1.0, orthoRange=None):
+        if self._bounds is None:
+            return (None, None)
+        if ax == 0:
+            return (self._bounds.left(), self._bounds.right())
+        if orthoRange is None:
+            return (self._bounds.top(), self._bounds.bottom())
+        inside = (self._x >= orthoRange[0]) & (self._x <= orthoRange[1])
+        low, high = self._low[:, inside], self._high[:, inside]
+        finite = np.isfinite(low) & np.isfinite(high)
+        if not finite.any():
+            return (None, None)
+        return (float(low[finite].min()), float(high[finite].max()))
+
+    def boundingRect(self) -> QRectF:
+        return QRectF() if self._bounds is None else QRectF(self._bounds)
+
+    def paint(self, p, opt, widget) -> None:
+        view = self.getViewBox()
+        if self._bounds is None or view is None:
+            return
+        transform = p.worldTransform()
+        if transform.m12() or transform.m21():
+            return  # the plots never rotate their views
+        # The pixels the painter really draws on (a high-density screen, or a widget rendered
+        # into a larger pixmap): the painter's device can be the widget, at a ratio of 1.
+        engine = p.paintEngine()
+        device = engine.paintDevice() if engine is not None else p.device()
+        ratio = device.devicePixelRatioF() if device is not None else 1.0
+        area = transform.mapRect(view.viewRect())
+        left, top = math.floor(area.left()), math.floor(area.top())
+        width = max(0, math.ceil(area.right()) - left)
+        height = max(0, math.ceil(area.bottom()) - top)
+        if not width or not height:
+            return
+        key = (
+            self._version,
+            transform.m11(),
+            transform.m22(),
+            transform.dx(),
+            transform.dy(),
+            left,
+            top,
+            width,
+            height,
+            ratio,
+        )
+        if key != self._image_key:
+            self._image = self._rasterize(transform, left, top, width, height, ratio)
+            self._image_key = key
+            self._image_at = QPointF(left, top)
+        p.save()
+        p.resetTransform()
+        p.drawImage(self._image_at, self._image)
+        p.restore()
+
+    def _rasterize(
+        self, transform, left: int, top: int, width: int, height: int, ratio: float
+    ) -> QImage:
+        # Device pixels of the points, relative to the image's corner.
+        x = (self._x * transform.m11() + transform.dx() - left) * ratio
+        low = ((self._low * transform.m22() + transform.dy() - top) * ratio).astype(np.float32)
+        high = ((self._high * transform.m22() + transform.dy() - top) * ratio).astype(np.float32)
+        columns, rows = round(width * ratio), round(height * ratio)
+        indices = rasterize(x, low, high, self._color_index, columns, rows)
+        pixels = np.ascontiguousarray(self._palette[indices])  # rows of ARGB pixels
+        image = QImage(
+            pixels.data, columns, rows, columns * 4, QImage.Format.Format_ARGB32_Premultiplied
+        ).copy()
+        image.setDevicePixelRatio(ratio)
+        self.rasterized += 1
+        return image

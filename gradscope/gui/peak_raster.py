@@ -47,62 +47,71 @@ def line_runs(
         empty = np.zeros(0, dtype=np.int32)
         return empty, empty, empty, empty
     x = np.asarray(x, dtype=np.float64)
-    columns = np.floor(x).astype(np.int64)
-    top = np.fmin(low, high)
-    bottom = np.fmax(low, high)
-    runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [(columns, top, bottom)]
+    columns = np.floor(x).astype(np.int32)
+    gaps = np.diff(x)
+    crossed = np.maximum(columns[1:] - columns[:-1] - 1, 0) if count > 1 else np.zeros(0, np.int32)
+    extra = int(crossed.sum())
+    span = count + extra
+    dtype = np.result_type(low.dtype, high.dtype, np.float32)
+    # One row per layer: first a run at each point, then one in each column that a
+    # segment crosses whole.
+    top = np.empty((layers, span), dtype=dtype)
+    bottom = np.empty((layers, span), dtype=dtype)
+    run_columns = np.empty(span, dtype=np.int32)
+    run_columns[:count] = columns
+    np.fmin(low, high, out=top[:, :count])
+    np.fmax(low, high, out=bottom[:, :count])
     if count > 1:
-        # Each segment, from a point's ``high`` to the next point's ``low``: NaN at either
-        # end makes it NaN everywhere (not drawn).
         start, end = high[:, :-1], low[:, 1:]
         rise = end - start
-        gaps = np.diff(x)
-        # Where the segment leaves its first point's column and where it enters its last
-        # point's column, as fractions of the way.
         with np.errstate(divide="ignore", invalid="ignore"):
             leave = np.where(gaps > 0, (np.minimum(columns[:-1] + 1.0, x[1:]) - x[:-1]) / gaps, 1)
             enter = np.where(gaps > 0, (np.maximum(columns[1:], x[:-1]) - x[:-1]) / gaps, 0)
-        leaving = start + leave.astype(rise.dtype) * rise
-        arriving = start + enter.astype(rise.dtype) * rise
-        np.fmin(top[:, :-1], leaving, out=top[:, :-1])
-        np.fmax(bottom[:, :-1], leaving, out=bottom[:, :-1])
-        np.fmin(top[:, 1:], arriving, out=top[:, 1:])
-        np.fmax(bottom[:, 1:], arriving, out=bottom[:, 1:])
-        # Columns a segment crosses whole, between its two points (points more than a pixel
-        # apart, zoomed in): one run in each.
-        crossed = np.maximum(columns[1:] - columns[:-1] - 1, 0)
-        if crossed.any():
+        along = rise * leave.astype(dtype)
+        along += start
+        np.fmin(top[:, : count - 1], along, out=top[:, : count - 1])
+        np.fmax(bottom[:, : count - 1], along, out=bottom[:, : count - 1])
+        np.multiply(rise, enter.astype(dtype), out=along)
+        along += start
+        np.fmin(top[:, 1:count], along, out=top[:, 1:count])
+        np.fmax(bottom[:, 1:count], along, out=bottom[:, 1:count])
+        if extra:
             segment = np.repeat(np.arange(count - 1), crossed)
             column = (
                 columns[:-1][segment]
                 + 1
-                + (np.arange(len(segment)) - np.repeat(np.cumsum(crossed) - crossed, crossed))
+                + (np.arange(extra) - np.repeat(np.cumsum(crossed) - crossed, crossed))
             )
-            first = ((column - x[:-1][segment]) / gaps[segment]).astype(rise.dtype)
-            last = ((column + 1 - x[:-1][segment]) / gaps[segment]).astype(rise.dtype)
+            run_columns[count:] = column
+            first = ((column - x[:-1][segment]) / gaps[segment]).astype(dtype)
+            last = ((column + 1 - x[:-1][segment]) / gaps[segment]).astype(dtype)
             at_first = start[:, segment] + first * rise[:, segment]
             at_last = start[:, segment] + last * rise[:, segment]
-            runs.append((column, np.fmin(at_first, at_last), np.fmax(at_first, at_last)))
-    parts: list[tuple[np.ndarray, ...]] = []
-    for column, run_top, run_bottom in runs:
-        # NaN compares false: layers with no value there have no run.
-        shown = (run_bottom >= 0) & (run_top < height) & ((column >= 0) & (column < width))
-        where = np.flatnonzero(shown)  # (np.nonzero of a 2-d mask is ten times slower)
-        layer, position = np.divmod(where, len(column))
-        parts.append((column[position], run_top.ravel()[where], run_bottom.ravel()[where], layer))
-    if len(parts) == 1:
-        column, top, bottom, layer = parts[0]
-    else:
-        column, top, bottom, layer = (np.concatenate(p) for p in zip(*parts, strict=True))
-    # The rows whose centres the run passes (as Qt's aliased lines, one pixel thin); a run
-    # that passes none (a short or shallow piece) gets the row it lies in.
+            np.fmin(at_first, at_last, out=top[:, count:])
+            np.fmax(at_first, at_last, out=bottom[:, count:])
+    # NaN compares false: layers with no value there have no run.
+    shown = bottom >= 0
+    shown &= top < height
+    shown &= (run_columns >= 0) & (run_columns < width)
+    where = np.flatnonzero(shown)
+    layer = where // span  # (np.divmod is ten times slower)
+    position = where - layer * span
+    top = top.ravel()[where]
+    bottom = bottom.ravel()[where]
     first_row = np.ceil(top - 0.5)
-    last_row = np.ceil(bottom - 0.5) - 1
-    short = last_row < first_row
-    first_row[short] = last_row[short] = np.floor((top[short] + bottom[short]) / 2)
-    first_row = np.clip(first_row, 0, height - 1).astype(np.int32)
-    last_row = np.clip(last_row, 0, height - 1).astype(np.int32)
-    return column.astype(np.int32), first_row, last_row, layer.astype(np.int32)
+    last_row = np.ceil(bottom - 0.5)
+    last_row -= 1
+    short = np.flatnonzero(last_row < first_row)
+    if len(short):
+        first_row[short] = last_row[short] = np.floor((top[short] + bottom[short]) / 2)
+    np.clip(first_row, 0, height - 1, out=first_row)
+    np.clip(last_row, 0, height - 1, out=last_row)
+    return (
+        run_columns[position],
+        first_row.astype(np.int32),
+        last_row.astype(np.int32),
+        layer.astype(np.int32),
+    )
 
 
 def rasterize(
@@ -116,20 +125,30 @@ def rasterize(
     """A ``height`` x ``width`` image of colour indices (0: nothing drawn) of the layers'
     lines (see :func:`line_runs`). Where lines cross, the larger colour index shows (the
     one drawn last)."""
-    column, first_row, last_row, layer = line_runs(x, low, high, width, height)
+    color_index = np.asarray(color_index, dtype=np.uint16)
+    # Layers in the order of their colours: runs come out in that order, and each colour's
+    # pixels are written after the smaller ones' (a larger index is drawn over).
+    order = np.argsort(color_index, kind="stable")
+    sorted_colors = color_index[order]
+    column, first_row, last_row, layer = line_runs(x, low[order], high[order], width, height)
     image = np.zeros(width * height, dtype=np.uint16)  # column after column
     if len(column):
         lengths = last_row - first_row + 1
         starts = column * height + first_row
-        # Every pixel of every run, in one array: each run's first index, then +1 steps.
-        total = int(lengths.sum())
+        ends = np.cumsum(lengths)
+        total = int(ends[-1])
         steps = np.ones(total, dtype=np.int32)
-        run_starts = np.cumsum(lengths) - lengths
         steps[0] = starts[0]
-        steps[run_starts[1:]] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
+        steps[ends[:-1]] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
         pixels = np.cumsum(steps, dtype=np.int32)
-        values = np.repeat(np.asarray(color_index, dtype=np.uint16)[layer], lengths)
-        np.maximum.at(image, pixels, values)
+        # Each colour's pixels in one assignment, in increasing order of colour (numpy
+        # leaves the order of repeated indices within one assignment open).
+        colors, first_layer = np.unique(sorted_colors, return_index=True)
+        first_run = np.searchsorted(layer, first_layer)
+        bounds = np.append(np.concatenate([[0], ends])[first_run], total)
+        pieces = zip(colors.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+        for color, begin, stop in pieces:
+            image[pixels[begin:stop]] = color
     return image.reshape(width, height).T
 
 

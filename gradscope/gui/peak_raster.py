@@ -125,31 +125,32 @@ def rasterize(
     """A ``height`` x ``width`` image of colour indices (0: nothing drawn) of the layers'
     lines (see :func:`line_runs`). Where lines cross, the larger colour index shows (the
     one drawn last)."""
-    color_index = np.asarray(color_index, dtype=np.uint16)
-    # Layers in the order of their colours: runs come out in that order, and each colour's
-    # pixels are written after the smaller ones' (a larger index is drawn over).
-    order = np.argsort(color_index, kind="stable")
-    sorted_colors = color_index[order]
-    column, first_row, last_row, layer = line_runs(x, low[order], high[order], width, height)
-    image = np.zeros(width * height, dtype=np.uint16)  # column after column
-    if len(column):
-        lengths = last_row - first_row + 1
-        starts = column * height + first_row
-        ends = np.cumsum(lengths)
-        total = int(ends[-1])
-        steps = np.ones(total, dtype=np.int32)
-        steps[0] = starts[0]
-        steps[ends[:-1]] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
-        pixels = np.cumsum(steps, dtype=np.int32)
-        # Each colour's pixels in one assignment, in increasing order of colour (numpy
-        # leaves the order of repeated indices within one assignment open).
-        colors, first_layer = np.unique(sorted_colors, return_index=True)
-        first_run = np.searchsorted(layer, first_layer)
-        bounds = np.append(np.concatenate([[0], ends])[first_run], total)
-        pieces = zip(colors.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
-        for color, begin, stop in pieces:
-            image[pixels[begin:stop]] = color
-    return image.reshape(width, height).T
+    column, first_row, last_row, layer = line_runs(x, low, high, width, height)
+    if not len(column):
+        return np.zeros((height, width), dtype=np.uint16)
+    # Each pixel shows the largest colour of the runs over it. Runs overlap (500 layers'
+    # runs cover each pixel about ten times over), so they are not written pixel by pixel:
+    # a run of length n is written as two blocks of the largest power of two 2^j <= n, one
+    # at each end, into level j of a table of blocks (a sparse table, as for range-maximum
+    # queries). Each level then hands its blocks down to the level below as two halves;
+    # level 0 is the image. Work: two writes per run and a few passes over the image.
+    lengths = last_row - first_row + 1
+    level = np.frexp(lengths)[1] - 1  # floor(log2(length)), exact
+    levels = int(level.max()) + 1
+    size = width * height
+    table = np.zeros(levels * size, dtype=np.uint16)  # level, then column after column
+    corner = level.astype(np.int64) * size + column.astype(np.int64) * height
+    colors = np.asarray(color_index, dtype=np.uint16)[layer]
+    np.maximum.at(table, corner + first_row, colors)
+    np.maximum.at(table, corner + last_row - ((1 << level) - 1), colors)
+    table = table.reshape(levels, width, height)
+    for j in range(levels - 1, 0, -1):
+        half = 1 << (j - 1)
+        blocks = table[j, :, : height - half]  # a block of 2^j starts at most there
+        below = table[j - 1]
+        np.maximum(below[:, : height - half], blocks, out=below[:, : height - half])
+        np.maximum(below[:, half:], blocks, out=below[:, half:])
+    return table[0].T
 
 
 class PeakRasterItem(pg.GraphicsObject):

@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import QLineF
 from PySide6.QtGui import QColor, QImage, QPainter, QPen
 
-from gradscope.gui.peak_raster import rasterize
+from gradscope.gui.peak_raster import line_runs, rasterize
 
 
 def _qt_lines(x: np.ndarray, low: np.ndarray, high: np.ndarray, width: int, height: int):
@@ -86,6 +86,24 @@ def test_a_nan_breaks_the_line_and_the_later_colour_is_drawn_over_the_earlier() 
     steep = np.array([[10.0, 70.0]], dtype=np.float32)
     column = rasterize(np.array([20.0, 22.0]), steep, steep, np.array([1]), 40, 80)
     assert set(np.flatnonzero(column.any(axis=1))) == set(range(10, 71))
+
+
+def test_each_pixel_shows_the_largest_colour_of_the_runs_over_it() -> None:
+    # The image is made from blocks of powers of two; written one pixel at a time, every
+    # run gives the same image: runs of every length, many overlapping, some clipped.
+    rng = np.random.default_rng(7)
+    width, height, layers, count = 60, 90, 40, 45
+    x = np.sort(rng.uniform(-3, width + 3, count))
+    low = rng.uniform(-20, height + 20, (layers, count)).astype(np.float32)
+    high = (low - rng.exponential(12, (layers, count))).astype(np.float32)
+    low[3, 5:9] = np.nan
+    colors = rng.integers(1, 9, layers).astype(np.uint16)
+    expected = np.zeros((height, width), dtype=np.uint16)
+    for column, first, last, layer in zip(*line_runs(x, low, high, width, height), strict=True):
+        pixels = expected[first : last + 1, column]
+        np.maximum(pixels, colors[layer], out=pixels)
+    assert expected.any() and (expected == 0).any()
+    assert np.array_equal(rasterize(x, low, high, colors, width, height), expected)
 
 
 def _history(layers: int, steps: int):

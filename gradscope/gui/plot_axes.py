@@ -92,15 +92,19 @@ class GridAxis(pg.AxisItem):
         return [tick_text(round(v * scale, digits) if abs(v * scale) < 1e4 else v * scale)
                 for v in values]
 
-    def logTickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+    def logTickStrings(
+        self, values: list[float], scale: float, spacing: float
+    ) -> list[str | None]:
         # Over more than a decade, only the powers of ten are labelled: the 2..9 minor ticks
-        # of every decade crowded into unreadable stacks ("0.1 0.09 0.08...").
+        # of every decade crowded into unreadable stacks ("0.1 0.09 0.08..."). An unlabelled
+        # tick gets None, not "": pyqtgraph then skips it instead of measuring and placing an
+        # empty label (about 100 of them on a 13-decade axis, at every zoom).
         low, high = sorted(self.range)
         decades = high - low
-        labels = []
+        labels: list[str | None] = []
         for v in values:
             if decades > 1.2 and abs(v - round(v)) > 1e-6:
-                labels.append("")
+                labels.append(None)
             else:
                 labels.append(tick_text(10 ** v * scale))
         return labels

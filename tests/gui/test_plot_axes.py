@@ -105,7 +105,7 @@ def test_every_axis_writes_numbers_the_same_way(qtbot) -> None:
     log = GridAxis("left")
     log.setLogMode(False, True)
     log.setRange(-3, 0)  # three decades: minor ticks unlabelled
-    assert log.tickStrings([-2, -2 + 0.30103, -1], 1, 1) == ["0.01", "", "0.1"]
+    assert log.tickStrings([-2, -2 + 0.30103, -1], 1, 1) == ["0.01", None, "0.1"]
     assert log.tickStrings([11, 11.477], 1, 1)[0] == "10¹¹"
     log.setRange(-1.1, -0.9)  # within a decade: every tick has a label
     assert log.tickStrings([-1, -1 + 0.04139], 1, 0.1) == ["0.1", "0.11"]

@@ -92,7 +92,9 @@ def line_runs(
     # NaN compares false: layers with no value there have no run.
     shown = bottom >= 0
     shown &= top < height
-    shown &= (run_columns >= 0) & (run_columns < width)
+    inside = (run_columns >= 0) & (run_columns < width)
+    if not inside.all():  # (points just outside the view, at its edges)
+        shown &= inside
     where = np.flatnonzero(shown)
     layer = where // span  # (np.divmod is ten times slower)
     position = where - layer * span
@@ -267,9 +269,16 @@ class PeakRasterItem(pg.GraphicsObject):
         self, transform, left: int, top: int, width: int, height: int, ratio: float
     ) -> QImage:
         # Device pixels of the points, relative to the image's corner.
-        x = (self._x * transform.m11() + transform.dx() - left) * ratio
-        low = ((self._low * transform.m22() + transform.dy() - top) * ratio).astype(np.float32)
-        high = ((self._high * transform.m22() + transform.dy() - top) * ratio).astype(np.float32)
+        x = self._x * (transform.m11() * ratio) + (transform.dx() - left) * ratio
+        scale = np.float32(transform.m22() * ratio)
+        offset = np.float32((transform.dy() - top) * ratio)
+        low = np.multiply(self._low, scale, dtype=np.float32)
+        low += offset
+        if self._high is self._low:  # single steps, not blocks: one value a point
+            high = low
+        else:
+            high = np.multiply(self._high, scale, dtype=np.float32)
+            high += offset
         columns, rows = round(width * ratio), round(height * ratio)
         indices = rasterize(x, low, high, self._color_index, columns, rows)
         pixels = np.ascontiguousarray(self._palette[indices])  # rows of ARGB pixels

@@ -189,25 +189,20 @@ class PeakRasterItem(pg.GraphicsObject):
         self._color_index = np.asarray(color_index, dtype=np.uint16)
         self._palette = np.array([0, *(_premultiplied_argb(c) for c in colors)], dtype=np.uint32)
         self._version += 1
-        finite = np.isfinite(low) & np.isfinite(high)
-        if finite.any():
-            points = np.flatnonzero(finite.any(axis=0))
-            x0, x1 = float(self._x[points[0]]), float(self._x[points[-1]])
-            y0, y1 = float(low[finite].min()), float(high[finite].max())
-            bounds = QRectF(x0, y0, x1 - x0, y1 - y0)
-        else:
-            bounds = None
+        bounds = None
+        if low.size:
+            # fmin/fmax pass NaN over: one pass each for the bounds of the finite values.
+            lowest = np.fmin.reduce(low, axis=0)
+            points = np.flatnonzero(np.isfinite(lowest))
+            if len(points):
+                x0, x1 = float(self._x[points[0]]), float(self._x[points[-1]])
+                y0, y1 = float(np.fmin.reduce(lowest)), float(np.fmax.reduce(high, axis=None))
+                bounds = QRectF(x0, y0, x1 - x0, y1 - y0)
         if bounds != self._bounds:
             self.prepareGeometryChange()
             self._bounds = bounds
         self.informViewBoundsChanged()
         self.update()
-
-    def data_points(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every finite point (x, value) of every layer, low then high (for dots)."""
-        finite = np.isfinite(self._low)
-        columns = np.nonzero(finite)[1]
-        return self._x[columns], self._low[finite]
 
     def dataBounds(self, ax: int, frac: float = 1.0, orthoRange=None):
         if self._bounds is None:

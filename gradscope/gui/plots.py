@@ -373,6 +373,7 @@ class GradientNormPlot(QWidget):
         self._colors: dict[str, QColor] = {}
         self._curve_state: dict[str, tuple[int, bool]] = {}
         self._group_key: tuple | None = None
+        self._group_color_cache: tuple | None = None  # see _group_colors
         self._selected: str | None = None
         self._hold = False  # the panel is moving the view: draw once, afterwards
         self._steps = np.zeros(0)
@@ -542,18 +543,7 @@ class GradientNormPlot(QWidget):
                 low = np.concatenate([low, rest.min(axis=1, keepdims=True)], axis=1)
                 high = np.concatenate([high, rest.max(axis=1, keepdims=True)], axis=1)
                 x = np.append(x, steps[peaks.blocks * per_block])
-        # One colour index per layer, in the order the colours first appear (a later one
-        # is drawn over an earlier one where lines cross).
-        index_of: dict[int, int] = {}
-        colors: list[QColor] = []
-        color_index = np.zeros(len(columns), dtype=np.uint16)
-        for position, column in enumerate(columns.tolist()):
-            color = self._colors.get(self._names[column], QColor("#1f77b4"))
-            index = index_of.get(color.rgba())
-            if index is None:
-                colors.append(color)
-                index = index_of[color.rgba()] = len(colors)
-            color_index[position] = index
+        color_index, colors = self._group_colors()
         self.group_lines.set_data(x, low, high, color_index, colors)
         if rows <= _DOTS_UP_TO:  # few steps (one has no line): a dot for each value too
             finite = np.isfinite(low)
@@ -563,6 +553,27 @@ class GradientNormPlot(QWidget):
                                     brush=[brushes[i - 1] for i in color_index[layer].tolist()])
         else:
             self.group_dots.setData([])
+
+    def _group_colors(self) -> tuple[np.ndarray, list[QColor]]:
+        """One colour index per ticked layer, in the order the colours first appear (a later
+        one is drawn over an earlier one where lines cross), and the colours; kept while the
+        ticked layers and the colours stay (a zoom asks again)."""
+        key = (self._columns.tobytes(), self._names)
+        kept = self._group_color_cache
+        if kept is not None and kept[0] == key and kept[1] is self._colors:
+            return kept[2], kept[3]
+        index_of: dict[int, int] = {}
+        colors: list[QColor] = []
+        color_index = np.zeros(len(self._columns), dtype=np.uint16)
+        for position, column in enumerate(self._columns.tolist()):
+            color = self._colors.get(self._names[column], QColor("#1f77b4"))
+            index = index_of.get(color.rgba())
+            if index is None:
+                colors.append(color)
+                index = index_of[color.rgba()] = len(colors)
+            color_index[position] = index
+        self._group_color_cache = (key, self._colors, color_index, colors)
+        return color_index, colors
 
     def _update_edges(self) -> None:
         """Markers data for the ticked layers' non-finite and zero values."""

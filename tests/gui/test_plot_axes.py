@@ -144,3 +144,72 @@ def test_batched_tick_drawing_gives_pyqtgraphs_pixels(qtbot) -> None:
         images.append(np.frombuffer(image.constBits(), dtype=np.uint8).copy())
     assert (images[0] != 0).sum() > 1000
     assert np.array_equal(images[0], images[1])
+
+
+def _specs(axis, generate):
+    from PySide6.QtGui import QPainter, QPicture
+
+    picture = QPicture()
+    painter = QPainter(picture)
+    if axis.style["tickFont"]:
+        painter.setFont(axis.style["tickFont"])
+    try:
+        axis_spec, ticks, texts = generate(axis, painter)
+    finally:
+        painter.end()
+
+    def point(p):
+        return (round(p.x(), 9), round(p.y(), 9))
+
+    def pen(p):
+        return (p.color().rgba(), p.widthF())
+
+    return (
+        (pen(axis_spec[0]), point(axis_spec[1]), point(axis_spec[2])),
+        [(pen(p), point(a), point(b)) for p, a, b in ticks],
+        [((r.x(), r.y(), r.width(), r.height()), int(flags), text) for r, flags, text in texts],
+    )
+
+
+def test_the_axes_own_draw_specs_equal_pyqtgraphs(qtbot) -> None:
+    # GridAxis makes its ticks and labels itself (issue 17, zoom: pyqtgraph's made two
+    # Python Point objects per tick and measured every label at every zoom): the same
+    # lines, pens and labels as pyqtgraph's, on log and linear axes, zoomed in and out.
+    import pyqtgraph as pg
+
+    from gradscope.gui.plot_axes import GridAxis, LayerAxis
+
+    left, bottom = GridAxis("left"), GridAxis("bottom")
+    widget = pg.PlotWidget(axisItems={"left": left, "bottom": bottom})
+    qtbot.addWidget(widget)
+    widget.getPlotItem().showGrid(x=True, y=True, alpha=0.15)
+    widget.resize(600, 400)
+    widget.show()
+    layers = LayerAxis("left")
+    layers.names = [f"block{i}.conv" for i in range(300)]
+    heat = pg.PlotWidget(axisItems={"left": layers})
+    qtbot.addWidget(heat)
+    heat.resize(500, 350)
+    heat.show()
+    item = widget.getPlotItem()
+    compared = 0
+    for log in (True, False):
+        left.setLogMode(log)
+        for (x0, x1), (y0, y1) in (((0, 20000), (-9, 4)), ((9000, 11000), (-3.2, -0.4)),
+                                   ((9990, 10012), (-1.05, -0.95)), ((-0.5, 9.5), (0, 1e6))):
+            item.setXRange(x0, x1, padding=0.02)
+            item.setYRange(y0, y1, padding=0.02)
+            widget.grab()
+            for axis in (left, bottom):
+                ours = _specs(axis, GridAxis.generateDrawSpecs)
+                theirs = _specs(axis, pg.AxisItem.generateDrawSpecs)
+                assert ours == theirs, (log, x0, x1, y0, y1, axis.orientation)
+                assert ours[1] and ours[2]
+                compared += 1
+    for low, high in ((-0.5, 299.5), (40.5, 60.5)):
+        heat.getPlotItem().setYRange(low, high, padding=0)
+        heat.grab()
+        assert _specs(layers, GridAxis.generateDrawSpecs) == \
+            _specs(layers, pg.AxisItem.generateDrawSpecs)
+        compared += 1
+    assert compared == 18

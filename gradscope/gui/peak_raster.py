@@ -218,6 +218,11 @@ class PeakRasterItem(pg.GraphicsObject):
             return (None, None)
         return (float(low[finite].min()), float(high[finite].max()))
 
+    def pixelPadding(self) -> float:
+        # As pyqtgraph pads the view's auto-range around a curve of a 1 px pen, so that the
+        # views range as they did when these lines were curves.
+        return 0.7072
+
     def boundingRect(self) -> QRectF:
         return QRectF() if self._bounds is None else QRectF(self._bounds)
 

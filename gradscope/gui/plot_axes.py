@@ -68,14 +68,19 @@ def opaque_over(color: QColor, background: QColor) -> QColor:
 _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
 
-def tick_text(value: float) -> str:
+def tick_text(value: float, spacing: float | None = None) -> str:
     """A tick label, the same on every axis of the app: ``0.05``, ``250``, and powers of
-    ten as ``5·10¹⁰`` (linear axes wrote ``5e+10`` beside log axes' ``5·10¹⁰``)."""
+    ten as ``5·10¹⁰`` (linear axes wrote ``5e+10`` beside log axes' ``5·10¹⁰``). With the
+    ``spacing`` of the ticks, as many digits as tell neighbouring ticks apart (zoomed in
+    on step 10,000, ticks 5 apart read ``10⁴``, ``1.0005·10⁴``, not ``10⁴`` twice)."""
     if value == 0 or not math.isfinite(value):
         return "0" if value == 0 else str(value)
+    needed = 0
+    if spacing is not None and spacing > 0:
+        needed = min(15, math.floor(math.log10(abs(value))) - math.floor(math.log10(spacing)) + 1)
     if 1e-3 <= abs(value) < 1e4:
-        return f"{value:.4g}"
-    mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{value:.{max(4, needed)}g}"
+    mantissa, exponent = f"{value:.{max(2, needed - 1)}e}".split("e")
     mantissa = mantissa.rstrip("0").rstrip(".")
     power = "10" + str(int(exponent)).translate(_SUPERSCRIPT)
     if mantissa in ("1", "-1"):
@@ -92,7 +97,8 @@ class GridAxis(pg.AxisItem):
             return self.logTickStrings(values, scale, spacing)
         # Round away float noise of the tick positions (0.30000000000000004).
         digits = max(0, -math.floor(math.log10(spacing * scale))) + 1 if spacing > 0 else 6
-        return [tick_text(round(v * scale, digits) if abs(v * scale) < 1e4 else v * scale)
+        return [tick_text(round(v * scale, digits) if abs(v * scale) < 1e4 else v * scale,
+                          spacing * scale)
                 for v in values]
 
     def logTickStrings(

@@ -213,3 +213,17 @@ def test_the_axes_own_draw_specs_equal_pyqtgraphs(qtbot) -> None:
             _specs(layers, pg.AxisItem.generateDrawSpecs)
         compared += 1
     assert compared == 18
+
+
+def test_zoomed_in_step_ticks_have_labels_that_tell_them_apart() -> None:
+    # Zoomed in on step 10,000 the step axis read "10⁴ 10⁴ 10⁴ 1.01·10⁴ 1.01·10⁴" (three
+    # significant digits above 10⁴); ticks now get the digits their spacing needs.
+    from gradscope.gui.plot_axes import GridAxis
+
+    steps = GridAxis("bottom")
+    for values, spacing in (([9990, 9995, 10000, 10005, 10010, 10015], 5),
+                            ([123450, 123452, 123454], 2), ([1000.2, 1000.4, 1000.6], 0.2)):
+        labels = steps.tickStrings(values, 1, spacing)
+        assert len(set(labels)) == len(labels), labels
+    assert steps.tickStrings([10000, 10005], 1, 5) == ["10⁴", "1.0005·10⁴"]
+    assert steps.tickStrings([0, 10000, 20000], 1, 10000) == ["0", "10⁴", "2·10⁴"]

@@ -116,6 +116,11 @@ def line_runs(
     )
 
 
+# The largest blocks rasterize writes are 2**_TOP_LEVEL pixels; a longer run is written as
+# several of them.
+_TOP_LEVEL = 5
+
+
 def rasterize(
     x: np.ndarray,
     low: np.ndarray,
@@ -137,14 +142,23 @@ def rasterize(
     # queries). Each level then hands its blocks down to the level below as two halves;
     # level 0 is the image. Work: two writes per run and a few passes over the image.
     lengths = last_row - first_row + 1
-    level = np.frexp(lengths)[1] - 1  # floor(log2(length)), exact
+    # floor(log2(length)), exact; at most _TOP_LEVEL (the table's size is levels x image).
+    level = np.minimum(np.frexp(lengths)[1] - 1, _TOP_LEVEL)
     levels = int(level.max()) + 1
     size = width * height
     table = np.zeros(levels * size, dtype=np.uint16)  # level, then column after column
     corner = level.astype(np.int64) * size + column.astype(np.int64) * height
     colors = np.asarray(color_index, dtype=np.uint16)[layer]
+    block = 1 << level
     np.maximum.at(table, corner + first_row, colors)
-    np.maximum.at(table, corner + last_row - ((1 << level) - 1), colors)
+    np.maximum.at(table, corner + last_row - (block - 1), colors)
+    long = np.flatnonzero(lengths > 2 * block)  # (a few: steep segments, spikes)
+    if len(long):
+        # Blocks of the top level between those two ends, one every block length.
+        inner = (lengths[long] - 1) // block[long] - 1
+        run = np.repeat(long, inner)
+        step = np.arange(len(run)) - np.repeat(np.cumsum(inner) - inner, inner) + 1
+        np.maximum.at(table, corner[run] + first_row[run] + step * block[run], colors[run])
     table = table.reshape(levels, width, height)
     for j in range(levels - 1, 0, -1):
         half = 1 << (j - 1)

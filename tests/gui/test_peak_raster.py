@@ -99,7 +99,9 @@ def test_each_pixel_shows_the_largest_colour_of_the_runs_over_it() -> None:
     low[3, 5:9] = np.nan
     colors = rng.integers(1, 9, layers).astype(np.uint16)
     expected = np.zeros((height, width), dtype=np.uint16)
-    for column, first, last, layer in zip(*line_runs(x, low, high, width, height), strict=True):
+    runs = line_runs(x, low, high, width, height)
+    assert ((runs[2] - runs[1] + 1) > 64).sum() > 10  # runs longer than two top blocks too
+    for column, first, last, layer in zip(*runs, strict=True):
         pixels = expected[first : last + 1, column]
         np.maximum(pixels, colors[layer], out=pixels)
     assert expected.any() and (expected == 0).any()

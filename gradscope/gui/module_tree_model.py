@@ -70,6 +70,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._origin: str | None = None
         self._origin_text = ""
         self._origin_kind = "NaN"
+        self._answers: dict[tuple[int, int, int], object] = {}  # see data()
 
     # -- feeding -----------------------------------------------------------------------
     def set_tree(self, tree: ModuleTree | None, watched: Iterable[str] = ()) -> None:
@@ -92,6 +93,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._norm, self._status = {}, {}
         self._inside = [_NO_STATUS] * len(self._nodes)
         self._origin, self._origin_text = None, ""
+        self._answers.clear()
         self.endResetModel()
 
     @property
@@ -145,6 +147,7 @@ class ModuleTreeModel(QAbstractItemModel):
         return self._origin
 
     def _changed_everywhere(self, first: int, last: int) -> None:
+        self._answers.clear()
         for i, node in enumerate(self._nodes):
             if node.children:
                 parent = self.createIndex(self._row[i], 0, i)
@@ -169,12 +172,19 @@ class ModuleTreeModel(QAbstractItemModel):
 
     # -- QAbstractItemModel ------------------------------------------------------------
     def index(self, row: int, column: int, parent: _Index = _ROOT) -> QModelIndex:
-        if not self.hasIndex(row, column, parent):
+        # hasIndex's checks, without its two calls back into Python (rowCount and
+        # columnCount): a repaint of the tree asks for an index about 900 times (the
+        # filter proxy maps each cell it shows back to this model).
+        if row < 0 or not 0 <= column < len(HEADERS) or not self._nodes:
             return QModelIndex()
         if not parent.isValid():
-            return self.createIndex(row, column, 0)
-        child = self._nodes[parent.internalId()].children[row]
-        return self.createIndex(row, column, self._id[id(child)])
+            return self.createIndex(row, column, 0) if row == 0 else QModelIndex()
+        if parent.column() != 0:
+            return QModelIndex()
+        children = self._nodes[parent.internalId()].children
+        if row >= len(children):
+            return QModelIndex()
+        return self.createIndex(row, column, self._id[id(children[row])])
 
     def parent(self, index: _Index = _ROOT) -> QModelIndex:  # type: ignore[override]
         if not index.isValid():
@@ -226,6 +236,17 @@ class ModuleTreeModel(QAbstractItemModel):
     def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
         if not index.isValid():
             return None
+        # A repaint asks each visible cell for seven roles: answers are kept until the
+        # model changes (every change goes through _changed_everywhere or a reset).
+        key = (index.internalId(), index.column(), role)
+        try:
+            return self._answers[key]
+        except KeyError:
+            pass
+        value = self._answers[key] = self._data(index, role)
+        return value
+
+    def _data(self, index: _Index, role: int) -> object:
         i = index.internalId()
         node = self._nodes[i]
         column = index.column()

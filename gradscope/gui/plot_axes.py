@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QLineF, Qt
+from PySide6.QtCore import QLineF, QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPen
 from PySide6.QtWidgets import QGraphicsItem
 
 # Below the ViewBox (z -100 in its PlotItem), so the grid is under the data.
 _BEHIND_DATA_Z = -150
+# Tick labels' boxes by font, resolution and text (see GridAxis._label_rect).
+_LABEL_BOXES: dict[tuple[str, int, str], tuple[float, float, float, float]] = {}
 
 
 def _abbreviate(part: str) -> str:
@@ -65,14 +68,19 @@ def opaque_over(color: QColor, background: QColor) -> QColor:
 _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
 
-def tick_text(value: float) -> str:
+def tick_text(value: float, spacing: float | None = None) -> str:
     """A tick label, the same on every axis of the app: ``0.05``, ``250``, and powers of
-    ten as ``5·10¹⁰`` (linear axes wrote ``5e+10`` beside log axes' ``5·10¹⁰``)."""
+    ten as ``5·10¹⁰`` (linear axes wrote ``5e+10`` beside log axes' ``5·10¹⁰``). With the
+    ``spacing`` of the ticks, as many digits as tell neighbouring ticks apart (zoomed in
+    on step 10,000, ticks 5 apart read ``10⁴``, ``1.0005·10⁴``, not ``10⁴`` twice)."""
     if value == 0 or not math.isfinite(value):
         return "0" if value == 0 else str(value)
+    needed = 0
+    if spacing is not None and spacing > 0:
+        needed = min(15, math.floor(math.log10(abs(value))) - math.floor(math.log10(spacing)) + 1)
     if 1e-3 <= abs(value) < 1e4:
-        return f"{value:.4g}"
-    mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{value:.{max(4, needed)}g}"
+    mantissa, exponent = f"{value:.{max(2, needed - 1)}e}".split("e")
     mantissa = mantissa.rstrip("0").rstrip(".")
     power = "10" + str(int(exponent)).translate(_SUPERSCRIPT)
     if mantissa in ("1", "-1"):
@@ -89,18 +97,23 @@ class GridAxis(pg.AxisItem):
             return self.logTickStrings(values, scale, spacing)
         # Round away float noise of the tick positions (0.30000000000000004).
         digits = max(0, -math.floor(math.log10(spacing * scale))) + 1 if spacing > 0 else 6
-        return [tick_text(round(v * scale, digits) if abs(v * scale) < 1e4 else v * scale)
+        return [tick_text(round(v * scale, digits) if abs(v * scale) < 1e4 else v * scale,
+                          spacing * scale)
                 for v in values]
 
-    def logTickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+    def logTickStrings(
+        self, values: list[float], scale: float, spacing: float
+    ) -> list[str | None]:
         # Over more than a decade, only the powers of ten are labelled: the 2..9 minor ticks
-        # of every decade crowded into unreadable stacks ("0.1 0.09 0.08...").
+        # of every decade crowded into unreadable stacks ("0.1 0.09 0.08..."). An unlabelled
+        # tick gets None, not "": pyqtgraph then skips it instead of measuring and placing an
+        # empty label (about 100 of them on a 13-decade axis, at every zoom).
         low, high = sorted(self.range)
         decades = high - low
-        labels = []
+        labels: list[str | None] = []
         for v in values:
             if decades > 1.2 and abs(v - round(v)) > 1e-6:
-                labels.append("")
+                labels.append(None)
             else:
                 labels.append(tick_text(10 ** v * scale))
         return labels
@@ -124,6 +137,189 @@ class GridAxis(pg.AxisItem):
         if views[0].backgroundBrush().style() == Qt.BrushStyle.NoBrush or color.alpha() < 255:
             return None
         return color
+
+    def generateDrawSpecs(self, p):
+        """pyqtgraph's AxisItem.generateDrawSpecs with the same result (a test compares
+        them), made for the five axes redrawn at each zoom (issue 17): tick ends as
+        QPointF, not pyqtgraph's Point (a Python constructor, two per tick: a 13-decade
+        log axis has 150 ticks); label sizes measured once per text and font; the axis's
+        bounding rectangle taken once, not once per label."""
+        if self.style["tickFont"] is not None:
+            p.setFont(self.style["tickFont"])
+        bounds = self.mapRectFromParent(self.geometry())
+        linked = self.linkedView()
+        if linked is None or self.grid is False:
+            tick_bounds = bounds
+        else:
+            tick_bounds = linked.mapRectToItem(self, linked.boundingRect())
+        orientation = self.orientation
+        if orientation == "left":
+            span = (bounds.topRight() + QPointF(-1.0, -1.0),
+                    bounds.bottomRight() + QPointF(-1.0, 1.0))
+            tick_start, tick_stop, tick_dir, axis = tick_bounds.right(), bounds.right(), -1, 0
+        elif orientation == "right":
+            span = (bounds.topLeft() + QPointF(1.0, -1.0), bounds.bottomLeft() + QPointF(1.0, 1.0))
+            tick_start, tick_stop, tick_dir, axis = tick_bounds.left(), bounds.left(), 1, 0
+        elif orientation == "top":
+            span = (bounds.bottomLeft() + QPointF(-1.0, -1.0),
+                    bounds.bottomRight() + QPointF(1.0, -1.0))
+            tick_start, tick_stop, tick_dir, axis = tick_bounds.bottom(), bounds.bottom(), -1, 1
+        elif orientation == "bottom":
+            span = (bounds.topLeft() + QPointF(-1.0, 1.0), bounds.topRight() + QPointF(1.0, 1.0))
+            tick_start, tick_stop, tick_dir, axis = tick_bounds.top(), bounds.top(), 1, 1
+        else:
+            raise ValueError("self.orientation must be in {'left', 'right', 'top', 'bottom'}")
+        points = [self.mapToDevice(point) for point in span]
+        if None in points:
+            return None
+        length = math.hypot(points[1].x() - points[0].x(), points[1].y() - points[0].y())
+        if length == 0:
+            return None
+        if self._tickLevels is None:
+            tick_levels = self.tickValues(self.range[0], self.range[1], length)
+            tick_strings = None
+        else:
+            tick_levels, tick_strings = [], []
+            for level in self._tickLevels:
+                tick_levels.append((None, [value for value, _ in level]))
+                tick_strings.append([text for _, text in level])
+        difference = self.range[1] - self.range[0]
+        if difference == 0:
+            scale, offset = 1, 0
+        elif axis == 0:
+            scale = -bounds.height() / difference
+            offset = self.range[0] * scale - bounds.height()
+        else:
+            scale = bounds.width() / difference
+            offset = self.range[0] * scale
+        ends = [x * scale - offset for x in self.range]
+        low_end, high_end = min(ends), max(ends)
+        tick_positions: list[list[float | None]] = []
+        tick_specs = []
+        for i, (_, ticks) in enumerate(tick_levels):
+            positions: list[float | None] = []
+            tick_positions.append(positions)
+            tick_length = self.style["tickLength"] / ((i * 0.5) + 1.0)
+            alpha = self.style["tickAlpha"]
+            if alpha is None:
+                alpha = 255 / (i + 1)
+                if self.grid is not False:
+                    alpha *= self.grid / 255.0 * min(max(0.05 * length / (len(ticks) + 1), 0.0),
+                                                     1.0)
+            elif isinstance(alpha, float):
+                alpha = min(255, max(0, round(alpha * 255)))
+            elif isinstance(alpha, int):
+                if alpha > 255 or alpha < 0:
+                    raise ValueError("lineAlpha should be [0..255]")
+            else:
+                raise TypeError("Line Alpha should be of type None, float or int")
+            pen = self.tickPen()
+            if pen.brush().style() == Qt.BrushStyle.SolidPattern:
+                pen = QPen(pen)
+                color = QColor(pen.color())
+                color.setAlpha(int(alpha))
+                pen.setColor(color)
+            far = tick_stop if self.grid is not False else tick_stop + tick_length * tick_dir
+            for value in ticks:
+                x = value * scale - offset
+                if x < low_end or x > high_end:
+                    positions.append(None)
+                    continue
+                positions.append(x)
+                if axis == 0:
+                    tick_specs.append((pen, QPointF(tick_start, x), QPointF(far, x)))
+                else:
+                    tick_specs.append((pen, QPointF(x, tick_start), QPointF(x, far)))
+        if self.style["stopAxisAtTick"][0] is True:
+            first = min(min(x for x in level if x is not None) for level in tick_positions)
+            if axis == 0:
+                span[0].setY(max(span[0].y(), first))
+            else:
+                span[0].setX(max(span[0].x(), first))
+        if self.style["stopAxisAtTick"][1] is True:
+            last = max(max(x for x in level if x is not None) for level in tick_positions)
+            if axis == 0:
+                span[1].setY(min(span[1].y(), last))
+            else:
+                span[1].setX(min(span[1].x(), last))
+        axis_spec = (self.pen(), span[0], span[1])
+        text_offset = self.style["tickTextOffset"][axis]
+        text_size2 = last_text_size2 = 0
+        text_rects: list[QRectF] = []
+        text_specs = []
+        if not self.style["showValues"]:
+            return axis_spec, tick_specs, text_specs
+        font_key = (p.font().key(), p.device().logicalDpiY() if p.device() is not None else 0)
+        own_rect = self.boundingRect()
+        for i in range(min(len(tick_levels), self.style["maxTextLevel"] + 1)):
+            if tick_strings is None:
+                spacing, values = tick_levels[i]
+                strings = self.tickStrings(values, self.autoSIPrefixScale * self.scale, spacing)
+            else:
+                strings = tick_strings[i]
+            if len(strings) == 0:
+                continue
+            strings = [None if tick_positions[i][j] is None else text
+                       for j, text in enumerate(strings)]
+            rects: list[QRectF | None] = []
+            for text in strings:
+                if text is None:
+                    rects.append(None)
+                    continue
+                rect = self._label_rect(p, font_key, text)
+                rects.append(rect)
+                text_rects.append(rect)
+            if text_rects:
+                if axis == 0:
+                    text_size = float(np.sum([r.height() for r in text_rects]))
+                    text_size2 = float(np.max([r.width() for r in text_rects]))
+                else:
+                    text_size = float(np.sum([r.width() for r in text_rects]))
+                    text_size2 = float(np.max([r.height() for r in text_rects]))
+            else:
+                text_size = text_size2 = 0
+            if i > 0:
+                fill = text_size / length
+                if any(len(text_specs) >= count and fill >= limit
+                       for count, limit in self.style["textFillLimits"]):
+                    break
+            last_text_size2 = text_size2
+            gap = max(0, self.style["tickLength"]) + text_offset
+            for j, text in enumerate(strings):
+                if text is None:
+                    continue
+                x = tick_positions[i][j]
+                height, width = rects[j].height(), rects[j].width()
+                if orientation == "left":
+                    flags = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+                    rect = QRectF(tick_stop - gap - width, x - height / 2, width, height)
+                elif orientation == "right":
+                    flags = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+                    rect = QRectF(tick_stop + gap, x - height / 2, width, height)
+                elif orientation == "top":
+                    flags = Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignBottom
+                    rect = QRectF(x - width / 2.0, tick_stop - gap - height, width, height)
+                else:
+                    flags = Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop
+                    rect = QRectF(x - width / 2.0, tick_stop + gap, width, height)
+                if own_rect & rect != rect:
+                    continue
+                text_specs.append((rect, flags | Qt.TextFlag.TextDontClip, text))
+        self._updateMaxTextSize(last_text_size2)
+        return axis_spec, tick_specs, text_specs
+
+    @staticmethod
+    def _label_rect(p, font_key: tuple[str, int], text: str) -> QRectF:
+        """pyqtgraph's label box (the text's bounding box centred in a 100 px square, 80% of
+        its height), measured once per font, resolution and text."""
+        key = (*font_key, text)
+        box = _LABEL_BOXES.get(key)
+        if box is None:
+            if len(_LABEL_BOXES) > 4096:
+                _LABEL_BOXES.clear()
+            rect = p.boundingRect(QRectF(0, 0, 100, 100), Qt.AlignmentFlag.AlignCenter, text)
+            box = _LABEL_BOXES[key] = (rect.x(), rect.y(), rect.width(), rect.height() * 0.8)
+        return QRectF(*box)
 
     def drawPicture(self, p, axisSpec, tickSpecs, textSpecs) -> None:
         # pyqtgraph's drawPicture, with each run of ticks that share a pen (pyqtgraph makes

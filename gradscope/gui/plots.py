@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyqtgraph as pg
-from pyqtgraph.Qt.internals import PrimitiveArray
-from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPen
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
@@ -29,6 +28,7 @@ from gradscope.gui.mixed_precision import (
     SkippedMarkers,
     skipped_rows,
 )
+from gradscope.gui.peak_raster import PeakRasterItem
 from gradscope.gui.plot_axes import GridAxis, LayerAxis, elide
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
@@ -333,93 +333,6 @@ class _PeakLevels:
         return level
 
 
-class _GroupCurve(pg.PlotCurveItem):
-    """The grouped layers of one colour: each layer's finite neighbours joined by a line
-    segment (opaque, 1 px, not antialiased). The segments and the data bounds are made
-    once per change of data, in one numpy pass over all the group's layers (pyqtgraph made
-    them from flattened arrays with a connect array at paint time, and found the bounds
-    with nanmin/nanmax for each auto-range); ``getData`` and ``opts["connect"]`` (the
-    flattened finite points) are made only when asked for."""
-
-    def __init__(self, pen: QPen) -> None:
-        super().__init__(pen=pen, antialias=False)
-        self._lines = PrimitiveArray(QLineF, 4)
-        self._x = np.zeros(0)
-        self._values = np.zeros((0, 0))
-        self._bounds: tuple[tuple[float, float], tuple[float, float]] | None = None
-        self._flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-
-    def set_lines(self, x: np.ndarray, values: np.ndarray) -> None:
-        """``values``: layers x points (NaN: not drawn, and not joined) at steps ``x``."""
-        self._x, self._values, self._flat = x, values, None
-        finite = np.isfinite(values)
-        joined = finite[:, :-1] & finite[:, 1:]
-        count = int(np.count_nonzero(joined))
-        self._lines.resize(count)
-        if count:
-            # The four coordinates of each joined pair (x0, y0, x1, y1), written into Qt's
-            # QLineF array: straight into it when every pair is joined, else through one
-            # compress of all the pairs.
-            lines = self._lines.ndarray()
-            every = count == joined.size
-            shape = (*joined.shape, 4)
-            pairs = lines.reshape(shape) if every else np.empty(shape)
-            pairs[..., 0] = x[:-1]
-            pairs[..., 1] = values[:, :-1]
-            pairs[..., 2] = x[1:]
-            pairs[..., 3] = values[:, 1:]
-            if not every:
-                np.compress(joined.ravel(), pairs.reshape(-1, 4), axis=0, out=lines)
-        if finite.all() and values.size:
-            self._bounds = ((float(x[0]), float(x[-1])),
-                            (float(values.min()), float(values.max())))
-        elif finite.any():
-            shown = values[finite]
-            columns = np.flatnonzero(finite.any(axis=0))
-            self._bounds = ((float(x[columns[0]]), float(x[columns[-1]])),
-                            (float(shown.min()), float(shown.max())))
-        else:
-            self._bounds = None
-        self.xData = x[:0] if self._bounds is None else x  # pyqtgraph checks len(xData)
-        self.invalidateBounds()
-        self.prepareGeometryChange()
-        self.update()
-        self.sigPlotChanged.emit(self)
-
-    def _flattened(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._flat is None:
-            values = self._values
-            finite = np.isfinite(values)
-            connect = np.zeros(values.shape, dtype=bool)
-            connect[:, :-1] = finite[:, :-1] & finite[:, 1:]
-            keep = finite.ravel()
-            self._flat = (
-                np.broadcast_to(self._x, values.shape).ravel()[keep],
-                values.ravel()[keep],
-                connect.ravel()[keep],
-            )
-        return self._flat
-
-    def getData(self) -> tuple[np.ndarray, np.ndarray]:
-        """The finite points, flattened layer after layer; ``opts["connect"]`` then says
-        which of them are joined to the next (never across layers)."""
-        x, y, connect = self._flattened()
-        self.opts["connect"] = connect
-        return x, y
-
-    def dataBounds(self, ax: int, frac: float = 1.0, orthoRange=None):
-        if frac != 1.0 or orthoRange is not None:
-            return super().dataBounds(ax, frac, orthoRange)
-        return (None, None) if self._bounds is None else self._bounds[ax]
-
-    def paint(self, p, opt, widget) -> None:
-        if not len(self._lines):
-            return
-        p.setRenderHint(p.RenderHint.Antialiasing, False)
-        p.setPen(self.opts["pen"])
-        p.drawLines(*self._lines.drawargs())
-
-
 class GradientNormPlot(QWidget):
     selection_made = Signal(object)  # Selection
 
@@ -441,11 +354,12 @@ class GradientNormPlot(QWidget):
         self.item.layout.addItem(self.legend, 4, 1)
         self._legend_names: list[str] = []
         self._legend_more = pg.PlotDataItem(pen=None)  # the sample of the "+N more" entry
-        # One curve per layer while few are ticked; with more, the unselected ones are drawn
-        # by one curve per colour (a ``connect`` array separates the layers), peak-downsampled
-        # to the view here, and only the selected layer keeps its own curve.
+        # One curve per layer while few are ticked; with more, the unselected ones are
+        # peak-downsampled to the view here and drawn together as one image (each layer in
+        # its colour), and only the selected layer keeps its own curve.
         self.curves: dict[str, pg.PlotDataItem] = {}
-        self.group_curves: dict[int, _GroupCurve] = {}
+        self.group_lines = PeakRasterItem()
+        self.group_lines.setVisible(False)
         # While there are few steps, the grouped layers' points as dots (one step has no
         # line to draw).
         self.group_dots = pg.ScatterPlotItem(size=4, pen=None)
@@ -459,6 +373,7 @@ class GradientNormPlot(QWidget):
         self._colors: dict[str, QColor] = {}
         self._curve_state: dict[str, tuple[int, bool]] = {}
         self._group_key: tuple | None = None
+        self._group_color_cache: tuple | None = None  # see _group_colors
         self._selected: str | None = None
         self._hold = False  # the panel is moving the view: draw once, afterwards
         self._steps = np.zeros(0)
@@ -472,6 +387,7 @@ class GradientNormPlot(QWidget):
         self.markers.setZValue(20)
         self.item.addItem(self.markers, ignoreBounds=True)
         self.skipped = SkippedMarkers(self.item, pinned=True)
+        self.item.vb.addItem(self.group_lines)
         self.item.vb.addItem(self.group_dots)
         self._marker_brushes = (pg.mkBrush(ZERO_MARKER_COLOR), pg.mkBrush(NONFINITE_MARKER_COLOR))
         self._marker_pens = (pg.mkPen(ZERO_MARKER_COLOR, width=1),
@@ -514,16 +430,13 @@ class GradientNormPlot(QWidget):
             self._group_key = None
         shown = set(visible)
         self.group_dots.setVisible(grouped)
+        self.group_lines.setVisible(grouped)
         if grouped:
-            for curve in self.group_curves.values():
-                curve.setVisible(True)
             for name, curve in self.curves.items():
                 if name != view.selected_layer or name not in shown:
                     curve.setVisible(False)
                     self._curve_state.pop(name, None)
         else:
-            for curve in self.group_curves.values():
-                curve.setVisible(False)
             for name in view.order:
                 if history.has_layer(name):
                     self._update_layer_curve(name, name in shown)
@@ -599,8 +512,8 @@ class GradientNormPlot(QWidget):
         self._place_markers()
 
     def _update_groups(self) -> None:
-        """The unselected ticked layers, one curve per colour, clipped to the view and
-        peak-downsampled to about two points per pixel column (as pyqtgraph does per curve)."""
+        """The unselected ticked layers, clipped to the view and peak-downsampled to at
+        most one block of steps per pixel column, drawn together (see PeakRasterItem)."""
         cache = self.cache
         rows = cache.rows
         vb = self.item.vb
@@ -616,54 +529,51 @@ class GradientNormPlot(QWidget):
         columns = self._columns
         if per_block == 1:
             x = steps[first:last]
-            y = cache.values[columns, first:last]
+            low = high = cache.values[columns, first:last]
         else:
             peaks = self._peaks.level(cache, per_block)
             start = first // per_block
             stop = min(peaks.blocks, -(-last // per_block))
             low = peaks.low[columns, start:stop]
             high = peaks.high[columns, start:stop]
-            block_starts = steps[start * per_block: stop * per_block: per_block]
+            x = steps[start * per_block: stop * per_block: per_block]
             tail = rows - peaks.blocks * per_block
             if last > peaks.blocks * per_block and tail:  # the incomplete last block
                 rest = cache.values[columns, peaks.blocks * per_block: rows]
                 low = np.concatenate([low, rest.min(axis=1, keepdims=True)], axis=1)
                 high = np.concatenate([high, rest.max(axis=1, keepdims=True)], axis=1)
-                block_starts = np.append(block_starts, steps[peaks.blocks * per_block])
-            x = np.repeat(block_starts, 2)
-            y = np.stack([low, high], axis=2).reshape(len(columns), -1)
-        few = rows <= _DOTS_UP_TO
-        groups: dict[int, list[int]] = {}
-        colors: dict[int, QColor] = {}
-        for position, column in enumerate(columns.tolist()):
-            color = self._colors.get(self._names[column], QColor("#1f77b4"))
-            rgba = color.rgba()
-            groups.setdefault(rgba, []).append(position)
-            colors[rgba] = color
-        for rgba, curve in self.group_curves.items():
-            if rgba not in groups:
-                curve.set_lines(x[:0], np.zeros((0, 0)))
-        dots: list[tuple[np.ndarray, np.ndarray, QColor]] = []
-        for rgba, positions in groups.items():
-            curve = self.group_curves.get(rgba)
-            if curve is None:
-                # PlotCurveItem, not PlotDataItem: the clipping and downsampling are done
-                # here, and its setData costs a third. Drawn as separate segments (opaque,
-                # not antialiased: the joins do not show), which Qt strokes faster than one
-                # path of ~10^4 points per colour.
-                curve = _GroupCurve(pg.mkPen(colors[rgba], width=1))
-                self.item.vb.addItem(curve)
-                self.group_curves[rgba] = curve
-            curve.set_lines(x, y[positions])
-            if few:
-                xs, ys = curve.getData()
-                dots.append((xs, ys, colors[rgba]))
-        if dots:
-            self.group_dots.setData(
-                x=np.concatenate([d[0] for d in dots]), y=np.concatenate([d[1] for d in dots]),
-                brush=[brush for xs, _, color in dots for brush in [pg.mkBrush(color)] * len(xs)])
+                x = np.append(x, steps[peaks.blocks * per_block])
+        color_index, colors = self._group_colors()
+        self.group_lines.set_data(x, low, high, color_index, colors)
+        if rows <= _DOTS_UP_TO:  # few steps (one has no line): a dot for each value too
+            finite = np.isfinite(low)
+            layer, point = np.nonzero(finite)
+            brushes = [pg.mkBrush(color) for color in colors]
+            self.group_dots.setData(x=x[point], y=low[finite],
+                                    brush=[brushes[i - 1] for i in color_index[layer].tolist()])
         else:
             self.group_dots.setData([])
+
+    def _group_colors(self) -> tuple[np.ndarray, list[QColor]]:
+        """One colour index per ticked layer, in the order the colours first appear (a later
+        one is drawn over an earlier one where lines cross), and the colours; kept while the
+        ticked layers and the colours stay (a zoom asks again)."""
+        key = (self._columns.tobytes(), self._names)
+        kept = self._group_color_cache
+        if kept is not None and kept[0] == key and kept[1] is self._colors:
+            return kept[2], kept[3]
+        index_of: dict[int, int] = {}
+        colors: list[QColor] = []
+        color_index = np.zeros(len(self._columns), dtype=np.uint16)
+        for position, column in enumerate(self._columns.tolist()):
+            color = self._colors.get(self._names[column], QColor("#1f77b4"))
+            index = index_of.get(color.rgba())
+            if index is None:
+                colors.append(color)
+                index = index_of[color.rgba()] = len(colors)
+            color_index[position] = index
+        self._group_color_cache = (key, self._colors, color_index, colors)
+        return color_index, colors
 
     def _update_edges(self) -> None:
         """Markers data for the ticked layers' non-finite and zero values."""
@@ -802,9 +712,8 @@ class GradientNormPlot(QWidget):
         for curve in self.curves.values():
             self.item.removeItem(curve)
         self.curves.clear()
-        for curve in self.group_curves.values():
-            self.item.vb.removeItem(curve)
-        self.group_curves.clear()
+        self.group_lines.set_data(np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0)),
+                                  np.zeros(0), [])
         self.group_dots.setData([])
         self._curve_state.clear()
         self._group_key = self._edge_key = None

@@ -154,3 +154,33 @@ def test_statuses_the_engine_adds_later_are_shown_by_name(qtbot) -> None:
     assert model.data(model.index_of("0", STATUS)) == status_label(4) != ""
     assert model.data(model.index_of("", STATUS)) == "NaN/Inf"  # the worst inside the root
     assert status_label(99) == "status 99"
+
+
+def test_answers_kept_between_repaints_follow_every_change(qtbot) -> None:
+    # The model keeps what it answered (a repaint asks each cell for seven roles, issue 17):
+    # every way the model changes must reach the next answer.
+    model = make_model()
+    root = model.index(0, 0)
+    layer = model.index_of("0.2")
+    status = model.index_of("0.2", STATUS)
+    norm = model.index_of("0.2", GRAD_NORM)
+    background = Qt.ItemDataRole.BackgroundRole
+    before = [model.data(i, role) for i in (layer, status, norm, root)
+              for role in (Qt.ItemDataRole.DisplayRole, background, CHECK)]
+    assert model.data(norm) == "" and model.data(layer, CHECK) == Qt.CheckState.Checked
+    model.set_step_values({"0.2": 2000.0}, {"0.2": STATUS_EXPLODING})
+    assert model.data(norm) == "2000"
+    assert model.data(status) == "exploding"
+    assert model.data(layer, background).color().name() == STATUS_TINTS[STATUS_EXPLODING]
+    model.set_origin("0.2", "step 3: first NAN", "nan")
+    assert model.data(status) == "NaN origin"
+    assert model.data(layer, background).color().name() == ORIGIN_TINT
+    model.set_watched(["0.0"])
+    assert model.data(layer, CHECK) == Qt.CheckState.Unchecked
+    assert model.data(root, CHECK) == Qt.CheckState.PartiallyChecked
+    model.setData(layer, Qt.CheckState.Checked, CHECK)
+    assert model.data(layer, CHECK) == Qt.CheckState.Checked
+    model.set_tree(build_module_tree(nested_model()), ["0.0", "0.2", "1.0", "2"])
+    after = [model.data(i, role) for i in (layer, status, norm, root)
+             for role in (Qt.ItemDataRole.DisplayRole, background, CHECK)]
+    assert after == before

@@ -105,7 +105,7 @@ def test_every_axis_writes_numbers_the_same_way(qtbot) -> None:
     log = GridAxis("left")
     log.setLogMode(False, True)
     log.setRange(-3, 0)  # three decades: minor ticks unlabelled
-    assert log.tickStrings([-2, -2 + 0.30103, -1], 1, 1) == ["0.01", "", "0.1"]
+    assert log.tickStrings([-2, -2 + 0.30103, -1], 1, 1) == ["0.01", None, "0.1"]
     assert log.tickStrings([11, 11.477], 1, 1)[0] == "10¹¹"
     log.setRange(-1.1, -0.9)  # within a decade: every tick has a label
     assert log.tickStrings([-1, -1 + 0.04139], 1, 0.1) == ["0.1", "0.11"]
@@ -144,3 +144,86 @@ def test_batched_tick_drawing_gives_pyqtgraphs_pixels(qtbot) -> None:
         images.append(np.frombuffer(image.constBits(), dtype=np.uint8).copy())
     assert (images[0] != 0).sum() > 1000
     assert np.array_equal(images[0], images[1])
+
+
+def _specs(axis, generate):
+    from PySide6.QtGui import QPainter, QPicture
+
+    picture = QPicture()
+    painter = QPainter(picture)
+    if axis.style["tickFont"]:
+        painter.setFont(axis.style["tickFont"])
+    try:
+        axis_spec, ticks, texts = generate(axis, painter)
+    finally:
+        painter.end()
+
+    def point(p):
+        return (round(p.x(), 9), round(p.y(), 9))
+
+    def pen(p):
+        return (p.color().rgba(), p.widthF())
+
+    return (
+        (pen(axis_spec[0]), point(axis_spec[1]), point(axis_spec[2])),
+        [(pen(p), point(a), point(b)) for p, a, b in ticks],
+        [((r.x(), r.y(), r.width(), r.height()), int(flags), text) for r, flags, text in texts],
+    )
+
+
+def test_the_axes_own_draw_specs_equal_pyqtgraphs(qtbot) -> None:
+    # GridAxis makes its ticks and labels itself (issue 17, zoom: pyqtgraph's made two
+    # Python Point objects per tick and measured every label at every zoom): the same
+    # lines, pens and labels as pyqtgraph's, on log and linear axes, zoomed in and out.
+    import pyqtgraph as pg
+
+    from gradscope.gui.plot_axes import GridAxis, LayerAxis
+
+    left, bottom = GridAxis("left"), GridAxis("bottom")
+    widget = pg.PlotWidget(axisItems={"left": left, "bottom": bottom})
+    qtbot.addWidget(widget)
+    widget.getPlotItem().showGrid(x=True, y=True, alpha=0.15)
+    widget.resize(600, 400)
+    widget.show()
+    layers = LayerAxis("left")
+    layers.names = [f"block{i}.conv" for i in range(300)]
+    heat = pg.PlotWidget(axisItems={"left": layers})
+    qtbot.addWidget(heat)
+    heat.resize(500, 350)
+    heat.show()
+    item = widget.getPlotItem()
+    compared = 0
+    for log in (True, False):
+        left.setLogMode(log)
+        for (x0, x1), (y0, y1) in (((0, 20000), (-9, 4)), ((9000, 11000), (-3.2, -0.4)),
+                                   ((9990, 10012), (-1.05, -0.95)), ((-0.5, 9.5), (0, 1e6))):
+            item.setXRange(x0, x1, padding=0.02)
+            item.setYRange(y0, y1, padding=0.02)
+            widget.grab()
+            for axis in (left, bottom):
+                ours = _specs(axis, GridAxis.generateDrawSpecs)
+                theirs = _specs(axis, pg.AxisItem.generateDrawSpecs)
+                assert ours == theirs, (log, x0, x1, y0, y1, axis.orientation)
+                assert ours[1] and ours[2]
+                compared += 1
+    for low, high in ((-0.5, 299.5), (40.5, 60.5)):
+        heat.getPlotItem().setYRange(low, high, padding=0)
+        heat.grab()
+        assert _specs(layers, GridAxis.generateDrawSpecs) == \
+            _specs(layers, pg.AxisItem.generateDrawSpecs)
+        compared += 1
+    assert compared == 18
+
+
+def test_zoomed_in_step_ticks_have_labels_that_tell_them_apart() -> None:
+    # Zoomed in on step 10,000 the step axis read "10⁴ 10⁴ 10⁴ 1.01·10⁴ 1.01·10⁴" (three
+    # significant digits above 10⁴); ticks now get the digits their spacing needs.
+    from gradscope.gui.plot_axes import GridAxis
+
+    steps = GridAxis("bottom")
+    for values, spacing in (([9990, 9995, 10000, 10005, 10010, 10015], 5),
+                            ([123450, 123452, 123454], 2), ([1000.2, 1000.4, 1000.6], 0.2)):
+        labels = steps.tickStrings(values, 1, spacing)
+        assert len(set(labels)) == len(labels), labels
+    assert steps.tickStrings([10000, 10005], 1, 5) == ["10⁴", "1.0005·10⁴"]
+    assert steps.tickStrings([0, 10000, 20000], 1, 10000) == ["0", "10⁴", "2·10⁴"]

@@ -127,35 +127,36 @@ def test_peak_levels_made_from_finer_levels_equal_peaks_of_the_steps() -> None:
     assert np.isnan(levels.levels[16].low[:6, : cache.rows // 16]).any()
 
 
-def test_many_layers_share_one_curve_per_colour_with_gaps_and_markers(qtbot) -> None:
+def test_many_layers_are_drawn_together_with_gaps_and_markers(qtbot) -> None:
     from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
 
     names, history, append = _history(_GROUPED_ABOVE + 20, 300)
     plot = _shown_plot(qtbot, GradientNormPlot)
     plot.item.setXRange(0, 299, padding=0)
     plot.refresh(_view(names, history, selected="layer3"))
-    assert plot.grouped and len(plot.group_curves) < len(names)
+    assert plot.grouped and plot.group_lines.isVisible()
     # Only the selected layer has a curve of its own, drawn wider.
     assert [name for name, curve in plot.curves.items() if curve.isVisible()] == ["layer3"]
     assert plot.curves["layer3"].opts["pen"].widthF() > 1
-    # Every finite point of every layer is drawn (here 300 steps: no downsampling), each
-    # layer's points joined only to its own finite neighbours.
-    drawn = 0
-    for curve in plot.group_curves.values():
-        x, y = curve.getData()
-        drawn += len(x)
-        connect = curve.opts["connect"]
-        assert not connect[-1] and np.isfinite(y).all()
+    # Every value of every ticked layer is drawn (here 300 steps: no downsampling), NaN
+    # where the line breaks; each layer in its own colour.
+    lines = plot.group_lines
+    logged = log10_display(history.matrix("grad_norm")).T.astype(np.float32)
+    assert np.array_equal(lines._x, history.steps.astype(np.float64))
+    assert np.array_equal(lines._low, logged, equal_nan=True)
+    assert np.array_equal(lines._high, logged, equal_nan=True)
+    palette = lines._palette[lines._color_index]
+    assert len(set(palette.tolist())) == len({_view(names, history).colors[n].rgba()
+                                              for n in names})
     matrix = history.matrix("grad_norm")
-    assert drawn == int((np.isfinite(matrix) & (matrix > 0)).sum())
     assert len(plot.markers.points()) == int((~np.isfinite(matrix) | (matrix == 0)).sum())
-    # New steps reach the curves; a long history is peak-downsampled to the view's width.
+    # New steps reach the lines; a long history is peak-downsampled to the view's width.
     append(3000)
     plot.item.setXRange(0, history.count, padding=0)
     plot.refresh(_view(names, history))
-    assert 0 < max(len(c.getData()[0]) for c in plot.group_curves.values()) < \
-        2 * 3300 * len(names) / len(plot.group_curves) / 2
-    # Hovering finds a layer's point from the shared curves.
+    assert 0 < len(lines._x) <= plot.item.vb.width() + 1
+    assert lines._low.shape == (len(names), len(lines._x))
+    # Hovering finds a layer's point from the lines drawn together.
     plot.item.setXRange(100, 140, padding=0)
     plot.widget.grab()  # settles the ranges
     row = 120
@@ -271,11 +272,10 @@ def test_the_legend_stays_off_the_curves_and_with_many_layers(qtbot) -> None:
     assert labels[0] == "layer17" and labels[7] == "+13 more"
 
 
-def test_grouped_curves_auto_range_and_segments_keep_every_value(qtbot) -> None:
-    # The grouped curves make their own line segments and data bounds (issue 17, zoom):
-    # the y auto-range still reaches an extreme finite value and the smallest one in view,
-    # no segment joins across a NaN or from one layer to the next, and the NaN keeps its
-    # marker.
+def test_grouped_lines_auto_range_and_keep_every_extreme_value(qtbot) -> None:
+    # The layers drawn together (issue 17, zoom) give their own data bounds: the y
+    # auto-range still reaches an extreme finite value and the smallest one in view, the
+    # image shows them, and the NaN keeps its marker.
     from gradscope.core.history import RunHistory
     from gradscope.core.watch import StepStats, classify
     from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
@@ -296,26 +296,33 @@ def test_grouped_curves_auto_range_and_segments_keep_every_value(qtbot) -> None:
         history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
     plot = _shown_plot(qtbot, GradientNormPlot)
     plot.refresh(_view(names, history))
+    lines = plot.group_lines
     for low, high in ((0, steps), (1400, 1600), (1490, 1510)):
         plot.item.setXRange(low, high, padding=0)
-        plot.widget.grab()  # settles the auto-range
+        image = plot.widget.grab().toImage()  # settles the auto-range
         (_, _), (bottom, top) = plot.item.vb.viewRange()
         assert top >= 30 and bottom <= -12, (low, high, bottom, top)
         assert any(abs(spot.pos().x() - 1500) < 0.5 for spot in plot.markers.points())
-        for curve in plot.group_curves.values():
-            x, y = curve.getData()
-            connect = curve.opts["connect"]
-            if not len(x):
-                continue
-            assert np.isfinite(y).all() and not connect[-1]
-            lines = curve._lines.ndarray()
-            assert len(lines) == int(connect.sum())
-            # Each segment goes from a point to the next one of the same layer (never back to
-            # the start of the next layer).
-            assert np.array_equal(lines[:, 0], x[connect])
-            assert np.array_equal(lines[:, 1], y[connect])
-            assert np.array_equal(lines[:, 2], np.roll(x, -1)[connect])
-            assert np.array_equal(lines[:, 3], np.roll(y, -1)[connect])
-            assert (lines[:, 2] >= lines[:, 0]).all()
-            assert curve.dataBounds(1) == (float(y.min()), float(y.max()))
-            assert curve.dataBounds(0) == (float(x.min()), float(x.max()))
+        finite = np.isfinite(lines._low)
+        assert lines.dataBounds(1) == (float(lines._low[finite].min()),
+                                       float(lines._high[finite].max()))
+        assert lines.dataBounds(1)[1] == 30 and lines.dataBounds(1)[0] == -12
+        # The spike to 1e30 and the dip to 1e-12 are drawn, in their layers' colours.
+        for layer, value in ((5, 30.0), (6, -12.0)):
+            color = _view(names, history).colors[names[layer]]
+            x, y = _widget_pixel(plot, 1500, value)
+            assert _has_color_near(image, x, y, color), (low, high, layer)
+
+
+def _widget_pixel(plot, x: float, y: float) -> tuple[int, int]:
+    scene = plot.item.vb.mapViewToScene(pg.Point(x, y))
+    point = plot.widget.mapFromScene(scene)
+    return point.x(), point.y()
+
+
+def _has_color_near(image, x: int, y: int, color, reach: int = 2) -> bool:
+    for dx in range(-reach, reach + 1):
+        for dy in range(-reach, reach + 1):
+            if image.pixelColor(x + dx, y + dy).rgb() == color.rgb():
+                return True
+    return False

@@ -19,13 +19,22 @@ SCREENSHOT_TIMEOUT_S = 600
 
 
 def _window_size() -> tuple[int, int]:
-    """``GRADSCOPE_WINDOW_SIZE=1280x800`` sets the window size (screenshots at set sizes)."""
+    """``GRADSCOPE_WINDOW_SIZE=1280x800`` sets the window size (screenshots at set sizes);
+    otherwise DEFAULT_SIZE, made to fit the screen (a 1280x800 laptop gets its whole screen,
+    not a window running off its edges)."""
     text = os.environ.get("GRADSCOPE_WINDOW_SIZE", "")
     try:
         width, height = (int(part) for part in text.lower().split("x"))
         return max(width, 400), max(height, 300)
     except ValueError:
+        pass
+    from PySide6.QtGui import QGuiApplication
+
+    screen = QGuiApplication.primaryScreen()
+    if screen is None:
         return DEFAULT_SIZE
+    room = screen.availableGeometry()
+    return min(DEFAULT_SIZE[0], room.width()), min(DEFAULT_SIZE[1], room.height())
 
 
 def make_application(argv: list[str] | None = None) -> Any:

@@ -113,3 +113,19 @@ def test_at_1280x800_events_keep_room_with_the_trace_open(qtbot, window, scripts
     pane = window.debugger.diagnosis
     assert pane.summary.text().startswith("step 2: first")
     assert pane.summary.parentWidget().parentWidget().inherits("QScrollArea")
+
+
+def test_the_default_window_fits_the_screen(qapp, monkeypatch):
+    """A 1280x800 laptop got a 1440x900 window running off its edges (seen under Xvfb)."""
+    from PySide6.QtGui import QGuiApplication
+
+    from gradscope.gui.app import DEFAULT_SIZE, _window_size
+
+    monkeypatch.delenv("GRADSCOPE_WINDOW_SIZE", raising=False)
+    room = QGuiApplication.primaryScreen().availableGeometry()
+    width, height = _window_size()
+    assert width <= room.width() and height <= room.height()
+    assert width == min(DEFAULT_SIZE[0], room.width())
+    assert height == min(DEFAULT_SIZE[1], room.height())
+    monkeypatch.setenv("GRADSCOPE_WINDOW_SIZE", "1280x800")
+    assert _window_size() == (1280, 800)

@@ -20,6 +20,9 @@ process so that machine drift (thermal, other load) hits them alike:
   gradient twice and every weight once costs on this machine; GradScope's distance to it is
   its own bookkeeping, less what its device-specific choices save (on a CPU, BLAS dot
   products for large tensors).
+- ``norms_only``: the yardstick of the default watch's plain steps: one ``_foreach_norm``
+  over every gradient, the loss, one ``torch.stack`` and one host transfer, by plain torch
+  calls. Its distance to ``plain`` is what reading every gradient once costs.
 
 Each round runs every variant for a block of steps (after one untimed warm-up step) in a
 fresh random order; the block's median step time divided by plain's in the same round is
@@ -84,7 +87,15 @@ if str(ROOT) not in sys.path:
 
 import gradscope  # noqa: E402
 
-VARIANTS = ("plain", "gradscope", "gradscope_detail1", "seed_hook", "detect_anomaly", "reads_only")
+VARIANTS = (
+    "plain",
+    "gradscope",
+    "gradscope_detail1",
+    "seed_hook",
+    "detect_anomaly",
+    "reads_only",
+    "norms_only",
+)
 
 
 # -- models ---------------------------------------------------------------------------
@@ -251,6 +262,11 @@ def _reads_only(params: list[torch.Tensor], loss: torch.Tensor) -> list[float]:
     return torch.stack(figures).tolist()
 
 
+def _norms_only(params: list[torch.Tensor], loss: torch.Tensor) -> list[float]:
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.stack([*torch._foreach_norm(grads, 2), loss.detach()]).tolist()
+
+
 def _watch_collect(watch, loss: torch.Tensor, cuda: bool):
     if not cuda:
         return watch.collect(loss)
@@ -292,6 +308,8 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
                 _watch_collect(watch_detail1, loss, cuda)
             elif variant == "reads_only":
                 _reads_only(params, loss)
+            elif variant == "norms_only":
+                _norms_only(params, loss)
         optimizer.step()
         if cuda:
             torch.cuda.synchronize()

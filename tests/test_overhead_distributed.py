@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +18,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def overhead(monkeypatch):
-    from conftest import REPO
-
-    monkeypatch.syspath_prepend(str(REPO))  # spawned ranks inherit it
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(repo))  # spawned ranks inherit it
     import benchmarks.overhead
 
     return benchmarks.overhead

@@ -971,7 +971,8 @@ class GradientWatch:
         nan_per_param = np.zeros(n_params, dtype=np.int64)
         inf_per_param = np.zeros(n_params, dtype=np.int64)
         suspicious = ~(np.isfinite(param_norm) & np.isfinite(param_max))
-        if suspicious.any():
+        counted = bool(suspicious.any())
+        if counted:
             self._count_nonfinite(
                 np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
             )
@@ -993,9 +994,16 @@ class GradientWatch:
         with np.errstate(over="ignore", invalid="ignore"):
             if len(offsets):
                 grad_norm = np.sqrt(np.add.reduceat(np.square(param_norm[members]), offsets))
-                nan_count = np.add.reduceat(nan_per_param[members], offsets)
-                inf_count = np.add.reduceat(inf_per_param[members], offsets)
-                with_grad = np.add.reduceat(has_grad[members].astype(np.intp), offsets)
+                if counted:
+                    nan_count = np.add.reduceat(nan_per_param[members], offsets)
+                    inf_count = np.add.reduceat(inf_per_param[members], offsets)
+                else:  # the common step: nothing to count
+                    nan_count = np.zeros(len(offsets), dtype=np.int64)
+                    inf_count = np.zeros(len(offsets), dtype=np.int64)
+                if has_grad.all():
+                    with_grad = self._layer_sizes
+                else:
+                    with_grad = np.add.reduceat(has_grad[members].astype(np.intp), offsets)
             else:
                 grad_norm = np.zeros(0)
                 nan_count = inf_count = with_grad = np.zeros(0, dtype=np.int64)

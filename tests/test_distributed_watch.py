@@ -10,6 +10,7 @@ import torch
 from models.distributed_workers import (
     ddp_nan_in_one_rank,
     fsdp1_statistics,
+    fsdp2_on_cuda,
     fsdp2_statistics,
     hsdp_statistics,
     start_workers,
@@ -147,3 +148,14 @@ def test_hsdp_replicated_shards_are_counted_once(tmp_path):
     check_own_shards(every, replicas=2)
     for facts in every:
         check_sharded_run(facts)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="needs 2 GPUs (NCCL runs one rank per GPU)",
+)
+def test_fsdp2_over_nccl_equals_an_unsharded_copy_without_host_syncs(tmp_path):
+    for facts in run_workers(fsdp2_on_cuda, tmp_path):
+        assert facts["sync_error"] is None, facts["sync_error"]
+        for key in ("grad_norm", "max_abs", "weight_norm"):
+            assert facts[key] < 1e-5, (key, facts)

@@ -427,3 +427,59 @@ def hsdp_statistics(rank: int, world: int, port: int, out: str) -> None:
         return model
 
     sharded_run(rank, world, out, wrap)
+
+
+def fsdp2_on_cuda(rank: int, world: int, port: int, out: str) -> None:
+    """FSDP2 over NCCL, one GPU per rank: the statistics equal an unsharded copy's, and
+    collect() makes no host synchronisation but its one transfer (sync debug mode "error")."""
+    from torch.distributed.fsdp import fully_shard
+
+    import gradscope
+
+    faulthandler.dump_traceback_later(WORKER_SECONDS, exit=True, file=sys.stderr)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    device = torch.device("cuda", rank)
+    torch.manual_seed(0)
+    reference = nn.Sequential(
+        nn.Linear(6, 7), nn.Tanh(), nn.Linear(7, 5), nn.LayerNorm(5), nn.Linear(5, 1)
+    ).to(device)
+    import copy
+
+    sharded = copy.deepcopy(reference)
+    for module in sharded:
+        if next(module.parameters(), None) is not None:
+            fully_shard(module)
+    fully_shard(sharded)
+    watch = gradscope.watch(sharded, detail_every=1)
+    reference_watch = gradscope.watch(reference, collectives=False, detail_every=1)
+    generator = torch.Generator().manual_seed(7)
+    batches = [
+        (torch.randn(4, 6, generator=generator), torch.randn(4, 1, generator=generator))
+        for _ in range(world)
+    ]
+    x, y = (t.to(device) for t in batches[rank])
+    nn.functional.mse_loss(sharded(x), y).backward()
+    full_x = torch.cat([b[0] for b in batches]).to(device)
+    full_y = torch.cat([b[1] for b in batches]).to(device)
+    nn.functional.mse_loss(reference(full_x), full_y).backward()
+    expected = reference_watch.collect()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = watch.collect()
+        sync_error = None
+    except RuntimeError as error:
+        sync_error = str(error)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    facts = {"sync_error": sync_error}
+    if sync_error is None:
+        facts.update(_compare(got, expected))
+    Path(out, f"facts{rank}.json").write_text(json.dumps(facts))
+    dist.barrier()
+    dist.destroy_process_group()

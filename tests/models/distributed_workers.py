@@ -99,108 +99,33 @@ def ddp_nan_in_one_rank(rank: int, world: int, port: int, out: str) -> None:
 
 
 def fsdp2_statistics(rank: int, world: int, port: int, out: str) -> None:
-    """FSDP2 with uneven shards (7 and 5 rows over 2 ranks); one watch made before sharding
-    and one after. Their statistics are compared with an unsharded copy trained on the
-    concatenated batch; the collectives each collect() issues are counted."""
-    import copy
-
+    """FSDP2 (fully_shard per layer, then the root) with uneven shards (7 and 5 rows over 2
+    ranks), through :func:`sharded_run`; then a NaN step that the watch must not re-run (its
+    forward would gather parameters from every rank)."""
     from torch.distributed.fsdp import fully_shard
 
-    import gradscope
-
     init(rank, world, port)
-    torch.manual_seed(0)
-    reference = nn.Sequential(
-        nn.Linear(6, 7), nn.Tanh(), nn.Linear(7, 5), nn.LayerNorm(5), nn.Linear(5, 1)
-    )
-    before = copy.deepcopy(reference)
-    # Made before sharding: the watch must follow the new (DTensor) parameters.
-    early = gradscope.watch(before, detail_every=1)
-    for module in before:
-        if next(module.parameters(), None) is not None:
-            fully_shard(module)
-    fully_shard(before)
-    after = copy.deepcopy(reference)
-    for module in after:
-        if next(module.parameters(), None) is not None:
-            fully_shard(module)
-    fully_shard(after)
-    late = gradscope.watch(after, detail_every=1)
-    reference_watch = gradscope.watch(reference, collectives=False, detail_every=1)
 
-    counts = {
-        "all_gather_single": 0,
-        "all_gather_into_tensor": 0,
-        "all_reduce": 0,
-        "all_gather": 0,
-        "broadcast": 0,
-    }
-    originals = {name: getattr(dist, name) for name in counts}
+    def wrap(model):
+        for module in model:
+            if next(module.parameters(), None) is not None:
+                fully_shard(module)
+        fully_shard(model)
+        return model
 
-    def counting(name):
-        def call(*args, **kwargs):
-            counts[name] += 1
-            return originals[name](*args, **kwargs)
+    def not_re_run(reference, model) -> dict:
+        import gradscope
 
-        return call
+        watch = gradscope.watch(model)
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(3))
+        x[0, 0] = float("nan")
+        y = torch.zeros(4, 1)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        stats = watch.collect(loss, locate=lambda: nn.functional.mse_loss(model(x), y))
+        return {"fsdp_origin": None if stats.origin is None else stats.origin.to_dict()}
 
-    facts = {"steps": []}
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (before, after, reference)]
-    for step in range(3):
-        batches = []
-        for r in range(world):
-            generator = torch.Generator().manual_seed(1000 * step + r)
-            batches.append(
-                (torch.randn(4, 6, generator=generator), torch.randn(4, 1, generator=generator))
-            )
-        x, y = batches[rank]
-        for optimizer in optimizers:
-            optimizer.zero_grad()
-        losses = []
-        for model in (before, after):
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            losses.append(loss)
-        full_x = torch.cat([b[0] for b in batches])
-        full_y = torch.cat([b[1] for b in batches])
-        nn.functional.mse_loss(reference(full_x), full_y).backward()
-        expected = reference_watch.collect()
-        for name in counts:
-            setattr(dist, name, counting(name))
-        try:
-            before_counts = dict(counts)
-            got_early = early.collect(losses[0], batch=(x, y))
-            one_collect = {k: counts[k] - before_counts[k] for k in counts}
-            got_late = late.collect(losses[1])
-        finally:
-            for name, function in originals.items():
-                setattr(dist, name, function)
-        entry = {"collectives": one_collect}
-        for label, got in (("early", got_early), ("late", got_late)):
-            entry[label] = {
-                key: np.abs(getattr(got, key) - getattr(expected, key)).max()
-                / max(np.abs(getattr(expected, key)).max(), 1e-12)
-                for key in ("grad_norm", "max_abs", "weight_norm")
-            }
-            entry[label]["total"] = abs(got.total_grad_norm - expected.total_grad_norm)
-            entry[label]["losses"] = got.ranks.loss.tolist()
-            entry[label]["names"] = [
-                layer.name for layer in (early if label == "early" else late).layers
-            ]
-        facts["steps"].append(entry)
-        for optimizer in optimizers:
-            optimizer.step()
-    # The diagnosis re-run is not tried under FSDP (its forward gathers parameters).
-    bad = x.clone()
-    bad[0, 0] = float("nan")
-    loss = nn.functional.mse_loss(after(bad), y)
-    loss.backward()
-    stats = late.collect(loss, locate=lambda: nn.functional.mse_loss(after(bad), y))
-    facts["fsdp_origin"] = None if stats.origin is None else stats.origin.to_dict()
-    facts["expected_names"] = [layer.name for layer in reference_watch.layers]
-    Path(out, f"facts{rank}.json").write_text(json.dumps(facts, default=float))
-    dist.barrier()
-    dist.destroy_process_group()
+    sharded_run(rank, world, out, wrap, more=not_re_run)
 
 
 def _compare(got, expected, keys=("grad_norm", "max_abs", "weight_norm")) -> dict:
@@ -327,7 +252,7 @@ def sharded_run(rank, world, out, wrap, *, nan_step=3, steps=4, more=None) -> No
     ]
     facts["skipped_rank_ratio"] = _update_when_a_rank_skips(rank, late_model, optimizers[1])
     if more is not None:
-        facts["more"] = more(reference)
+        facts["more"] = more(reference, late_model)
     Path(out, f"facts{rank}.json").write_text(json.dumps(facts))
     dist.barrier()
     dist.destroy_process_group()
@@ -369,7 +294,7 @@ def fsdp1_statistics(rank: int, world: int, port: int, out: str) -> None:
             auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
         )
 
-    def whole_units(reference) -> dict:
+    def whole_units(reference, _model) -> dict:
         """FSDP1 wrapping the model whole after a watch was made on it (the wrapper is out
         of the watch's reach), and use_orig_params=False (one flat parameter per unit)."""
         import copy

@@ -114,6 +114,9 @@ def test_fsdp1_with_orig_params_equals_an_unsharded_copy(tmp_path):
         assert more["units_total"] < 1e-5
         assert more["units"] == ["", "0", "2", "4"]
         assert more["unit_sizes"] == [10, 49, 40, 6]
+        inside = more["no_sync"]
+        assert inside["warned"] and inside["status"]
+        assert inside["grad_norm"] < 1e-5 and inside["max_abs"] < 1e-6
         said = " ".join(more["warnings"])
         assert "before FSDP wrapped it whole" in said
         assert "use_orig_params=True" in said

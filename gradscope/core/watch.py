@@ -35,6 +35,7 @@ from gradscope.core.origin import Origin, float_tensors, loss_from_output
 from gradscope.core.safe_locate import locate_safely, statistics_origin
 from gradscope.core.sharded import (
     FACT_SLOTS,
+    KEEP,
     MAX,
     SUM,
     FlatShard,
@@ -412,6 +413,10 @@ class GradientWatch:
         # many sharded slots it holds, and the measured sums waiting for it.
         self._update_slots = 0
         self._update_pending: _PendingUpdate | None = None
+        # FSDP1 under no_sync(): each rank holds its own whole, unreduced gradients (see
+        # _gradients_unreduced); then nothing of theirs is summed over the ranks.
+        self._unreduced = False
+        self._warned_unreduced = False
         self.last: StepStats | None = None
         self.origins: list[Origin] = []
         self._located = 0
@@ -683,6 +688,8 @@ class GradientWatch:
         shared: list[torch.Tensor] = []
         shared_kinds: list[int] = []
         shared_layout: list[_Entry] = []
+        if facts:
+            self._unreduced = self._gradients_unreduced()
         if facts and self._update_slots:
             # The last optimizer step's update of sharded weights, reduced with this step's
             # figures (no collective in the optimizer hook: a rank whose step was skipped
@@ -695,12 +702,15 @@ class GradientWatch:
             if group.sharded:
                 if not sharded:
                     continue
-                # Without sharded detail on a second read (mixed sharding) every step has it.
-                full = detail or self._mixed_sharding
+                # Without sharded detail on a second read (mixed sharding, or each rank's own
+                # unreduced gradients: statuses that may differ) every step has it.
+                full = detail or self._mixed_sharding or self._unreduced
                 present, grads, params = self._shard_parts(group)
                 if not grads:
                     continue
-                count = self._launch_sharded(group, grads, params, full, shared, shared_kinds)
+                count = self._launch_sharded(
+                    group, grads, params, full, shared, shared_kinds, reduce=not self._unreduced
+                )
                 shared_layout.append(
                     _Entry(
                         "watched",
@@ -793,8 +803,12 @@ class GradientWatch:
                 present, grads, _ = self._shard_parts(group)
                 if not grads:
                     continue
-                shared.append(_squares(grads) / group.replicas)
-                shared_kinds += (SUM,) * len(grads)
+                if self._unreduced:  # this rank's own whole gradients: kept, not summed
+                    shared.append(_squares(grads))
+                    shared_kinds += (KEEP,) * len(grads)
+                else:
+                    shared.append(_squares(grads) / group.replicas)
+                    shared_kinds += (SUM,) * len(grads)
                 if present is None:
                     present = list(range(len(group.params)))
                 shared_layout.append(
@@ -1036,7 +1050,13 @@ class GradientWatch:
             # Sharded groups too (one more collective), when every rank takes this decision
             # from the same reduced figures; with mixed sharding they had it already.
             again = self._read(
-                self._launch(None, None, detail=True, facts=False, sharded=not self._mixed_sharding)
+                self._launch(
+                    None,
+                    None,
+                    detail=True,
+                    facts=False,
+                    sharded=not (self._mixed_sharding or self._unreduced),
+                )
             )
             param_max = np.where(again.has_grad, again.param_max, param_max)
             figures.detail = True
@@ -1170,15 +1190,20 @@ class GradientWatch:
         detail: bool,
         shared: list[torch.Tensor],
         kinds: list[int],
+        *,
+        reduce: bool = True,
     ) -> int:
         """This rank's figures of a sharded group (its parts of each gradient and weight),
         in the layout resolve reads: each gradient's sum of squares, then on detail steps
         each weight's sum of squares and each gradient's max |g| (0 for an empty part).
         Sums are divided by the replicas so that the sum over ranks counts each shard once.
-        Fused calls: a few kernels per group, not per parameter. Returns the count."""
+        ``reduce=False``: the gradients are this rank's own whole ones (FSDP1 no_sync), kept
+        as they are. Fused calls: a few kernels per group, not per parameter. Returns the
+        count."""
         count = len(grads)
-        shared.append(_squares(grads) / group.replicas)
-        kinds += (SUM,) * count
+        grad_kind = SUM if reduce else KEEP
+        shared.append(_squares(grads) / group.replicas if reduce else _squares(grads))
+        kinds += (grad_kind,) * count
         if not detail:
             return count
         shared.append(_squares(params) / group.replicas)
@@ -1197,8 +1222,35 @@ class GradientWatch:
         zero = grads[0].new_zeros((), dtype=nonempty[0].dtype if nonempty else torch.float32)
         # No index tensor (a host-to-device copy): the empty parts' zeros stacked in place.
         shared.append(torch.stack([next(found) if g.numel() else zero for g in grads]).double())
-        kinds += (SUM,) * count + (MAX,) * count
+        kinds += (SUM,) * count + (MAX if reduce else KEEP,) * count
         return count
+
+    def _gradients_unreduced(self) -> bool:
+        """Whether FSDP1 units hold whole, unreduced gradients (a backward inside
+        ``no_sync()``: gradient accumulation): the same answer on every rank, from the
+        units' flat gradients, whose size is then the unit's, not the shard's. Warned once."""
+        groups = [g for g in (*self._groups, *self._unwatched_groups) if g.flat is not None]
+        if not groups or self._exchange is None:
+            return False
+        handles = {id(spec.handle): spec.handle for g in groups for spec in g.flat}
+        unreduced = False
+        for handle in handles.values():
+            if handle is None:
+                continue
+            flat = handle.flat_param
+            grad = flat.grad
+            if grad is not None and grad.numel() != flat.numel():
+                unreduced = True
+                break
+        if unreduced and not self._warned_unreduced:
+            self._warned_unreduced = True
+            warn_user(
+                "gradscope.watch: collect() ran inside FSDP's no_sync() (gradient "
+                "accumulation): each rank's gradients are its own and not yet reduced, so "
+                "this step's gradient figures are this rank's. Call collect() after the "
+                "backward that runs outside no_sync() for the model's"
+            )
+        return unreduced
 
     def _facts(self, loss: torch.Tensor | None, batch: Any) -> list[torch.Tensor]:
         """This rank's facts for the step's exchange: loss, loss given, batch non-finite."""
@@ -1354,7 +1406,7 @@ class GradientWatch:
             values = [_values(grads[k]) for k in positions]
             pairs = torch.stack([torch.stack([v.isnan().sum(), v.isinf().sum()]) for v in values])
             sharded = [i for i, k in enumerate(positions) if self._replicas[suspects[k]]]
-            if sharded and self._exchange is not None:
+            if sharded and self._exchange is not None and not self._unreduced:
                 # Shards' counts summed over the ranks (every rank has the same sharded
                 # suspects: their figures were reduced), each shard once; other parameters'
                 # are this rank's.
@@ -1393,7 +1445,7 @@ class GradientWatch:
         out = np.zeros(len(grads))
         copies = self._replicas[indices]
         sharded = np.flatnonzero(copies)
-        if len(sharded) and self._exchange is not None:
+        if len(sharded) and self._exchange is not None and not self._unreduced:
             squares = torch.stack([_values(grads[k]).double().square().sum() for k in sharded])
             summed = self._exchange_sum(squares)
             out[sharded] = np.sqrt(_host(summed) / copies[sharded])
@@ -1435,7 +1487,7 @@ class GradientWatch:
                     for g in grads
                 ]
             ).sum(dim=0)
-            if group.sharded and self._exchange is not None:
+            if group.sharded and self._exchange is not None and not self._unreduced:
                 figures = self._exchange_sum(figures)
                 figures[1] /= group.replicas
             bad_elements, squares = _host(figures).tolist()

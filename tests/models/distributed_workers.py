@@ -330,9 +330,41 @@ def fsdp1_statistics(rank: int, world: int, port: int, out: str) -> None:
             "units": [layer.name for layer in units.layers],
             "unit_sizes": [layer.num_params for layer in units.layers],
             "units_total": abs(got_units.total_grad_norm - expected.total_grad_norm),
+            "no_sync": _inside_no_sync(rank, reference, wrap),
         }
 
     sharded_run(rank, world, out, wrap, more=whole_units)
+
+
+def _inside_no_sync(rank, reference, wrap) -> dict:
+    """collect() after a backward inside FSDP1's no_sync() (gradient accumulation): each
+    rank's gradients are its own, whole and unreduced; the watch says so and gives this
+    rank's figures (those of an unsharded copy on this rank's batch), running no collective
+    that the ranks could disagree on; after the synced backward, the model's again."""
+    import copy
+    import warnings
+
+    import gradscope
+
+    model = wrap(copy.deepcopy(reference))
+    alone = copy.deepcopy(reference)
+    own = gradscope.watch(alone, collectives=False, detail_every=1)
+    watch = gradscope.watch(model, detail_every=1)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(20 + rank))
+    y = torch.zeros(4, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with model.no_sync():
+            nn.functional.mse_loss(model(x), y).backward()
+            got = watch.collect()
+    nn.functional.mse_loss(alone(x), y).backward()
+    expected = own.collect()
+    return {
+        "warned": any("no_sync()" in str(w.message) for w in caught),
+        "grad_norm": float(np.abs(got.grad_norm - expected.grad_norm).max()),
+        "max_abs": float(np.abs(got.max_abs - expected.max_abs).max()),
+        "status": got.status.tolist() == expected.status.tolist(),
+    }
 
 
 def hsdp_statistics(rank: int, world: int, port: int, out: str) -> None:

@@ -803,12 +803,10 @@ class GradientWatch:
                 present, grads, _ = self._shard_parts(group)
                 if not grads:
                     continue
-                if self._unreduced:  # this rank's own whole gradients: kept, not summed
-                    shared.append(_squares(grads))
-                    shared_kinds += (KEEP,) * len(grads)
-                else:
-                    shared.append(_squares(grads) / group.replicas)
-                    shared_kinds += (SUM,) * len(grads)
+                # The gradients' sums of squares alone, as a watched group's plain step.
+                self._launch_sharded(
+                    group, grads, [], False, shared, shared_kinds, reduce=not self._unreduced
+                )
                 if present is None:
                     present = list(range(len(group.params)))
                 shared_layout.append(

@@ -187,6 +187,8 @@ def sharded_run(rank, world, out, wrap, *, nan_step=3, steps=4, more=None) -> No
     ratios = []
     # Made on every rank but told to run no collective: this rank's shards only.
     alone = gradscope.watch(late_model, collectives=False)
+    # One layer watched: the others' sharded gradients still count in the total norm.
+    subset = gradscope.watch(late_model, layers=["0"])
     counts = {
         "all_gather_single": 0,
         "all_gather_into_tensor": 0,
@@ -230,8 +232,10 @@ def sharded_run(rank, world, out, wrap, *, nan_step=3, steps=4, more=None) -> No
             for name, function in originals.items():
                 setattr(dist, name, function)
         own = alone.collect()
+        partial = subset.collect()
         facts["steps"].append(
             {
+                "subset_total": partial.total_grad_norm,
                 "own_total": own.total_grad_norm,
                 "expected_total": expected.total_grad_norm,
                 "early": _compare(got_early, expected),

@@ -105,3 +105,88 @@ def test_detail_every_must_be_positive():
     model, _ = model_and_data()
     with pytest.raises(Exception, match="detail_every must be >= 1"):
         gradscope.watch(model, detail_every=0)
+
+
+class _Tied(nn.Module):
+    """Tied weights (a parameter in two layers: per-layer sums gather) and a layer left
+    unwatched (its gradients count in the total norm only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 300)
+        self.body = nn.Linear(300, 300)
+        self.norm = nn.LayerNorm(300)
+        self.head = nn.Linear(300, 8)
+        self.head.weight = self.embed.weight  # used transposed
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x))
+        h = self.norm(self.body(h))
+        return self.out(nn.functional.linear(h, self.head.weight.t(), self.head.bias))
+
+
+def _same(a, b) -> None:
+    for name in (
+        "grad_norm",
+        "param_grad_norm",
+        "max_abs",
+        "weight_norm",
+        "nan_count",
+        "inf_count",
+        "status",
+        "update_ratio",
+    ):
+        left, right = getattr(a, name), getattr(b, name)
+        assert (left is None) == (right is None), name
+        if left is not None:
+            np.testing.assert_array_equal(left, right, err_msg=name)
+            assert left.dtype == right.dtype, name
+    for name in ("step", "loss", "total_grad_norm", "nonfinite", "skipped", "loss_scale"):
+        assert getattr(a, name) == getattr(b, name), name
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["aminmax", "fused"])
+@pytest.mark.parametrize("layers", [None, ["embed", "norm", "head", "out"]], ids=["all", "some"])
+def test_the_quiet_path_gives_the_full_paths_figures_bit_for_bit(monkeypatch, fused, layers):
+    """A step where nothing happens takes a short path (``_quiet_step``); a watch without it
+    (every step by launch + resolve) must give the same figures, on plain and detail steps,
+    and the short path must hand over every step that is not quiet."""
+    from gradscope.core import watch as watch_module
+
+    if fused:
+        monkeypatch.setattr(watch_module, "_PER_TENSOR_DEVICES", ())
+    torch.manual_seed(0)
+    model = _Tied() if layers else model_and_data()[0]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+    options = dict(layers=layers, detail_every=3, update_ratio=True, optimizer=optimizer)
+    quiet = gradscope.watch(model, explode_threshold=50.0, **options)
+    full = gradscope.watch(model, explode_threshold=50.0, **options)
+    assert quiet._quiet is not None
+    if layers:  # the tied weight is in two layers; body is unwatched
+        assert not quiet._members_in_order and quiet._quiet.unwatched == [1, 1]
+    full._quiet = None  # every step by the full path
+    taken = []
+    short = quiet._quiet_step
+
+    def spy(*args, **kwargs):
+        result = short(*args, **kwargs)
+        taken.append(result is not None)
+        return result
+
+    quiet._quiet_step = spy
+    data = [(torch.randn(16, 8), torch.randn(16, 2)) for _ in range(12)]
+    pairs = []
+    for step, (x, y) in enumerate(data):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y) * (1e6 if step == 7 else 1.0)
+        loss.backward()
+        pairs.append((quiet.collect(loss), full.collect(loss)))
+        if step != 7:  # the blown-up step is not applied
+            optimizer.step()
+    for a, b in pairs:
+        _same(a, b)
+    # Steps 0 (no status before it), 7 (exploding) and 8 (back to ok) change status: the
+    # full path reads them. Every other step is quiet, detail steps (3, 6, 9) included.
+    assert taken == [step not in (0, 7, 8) for step in range(12)]
+    assert pairs[3][0].update_ratio is not None and pairs[9][0].max_abs is not None

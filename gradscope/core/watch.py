@@ -8,17 +8,18 @@ the host in a single transfer. Per-layer aggregation then happens in numpy on a 
 numbers. Norms of half-precision gradients accumulate in float32, so a finite fp16 gradient
 never reports a false Inf.
 
-Cost: each statistic is one read of the data (gradients twice: L2 and max |g|; weights once).
-On CUDA these are three fused ``_foreach_norm`` launches per group. On CPU, where
-``_foreach_norm`` is a loop of single-threaded norms and its ord=inf is about 7x slower still,
-each gradient gets a BLAS dot product (sum of squares) and, while it is still in cache, one
-``aminmax``; weights get dot products. On a CPU those reads are memory-bound and cost what
-they cost: about 10% of a resnet18 step and 25-30% of a 20-layer MLP step on 2 cores, close to
-what the same reads cost by plain torch calls (see ``benchmarks/overhead.py``, ``reads_only``).
+Cost: each statistic is one read of the data (gradients twice: L2 and max |g|; weights once),
+and max |g| and the weights are read only on detail steps (``detail_every``). The L2 figures
+are one fused ``_foreach_norm`` call per group, gradients and weights together; max |g| is
+another on CUDA and, on a CPU (where ``_foreach_norm``'s ord inf is several times slower), one
+``aminmax`` per large gradient. A step where nothing happens takes a short path
+(:meth:`GradientWatch._quiet_step`): right after a backward the CPU caches hold the model's
+tensors, not the watch's Python, and every numpy call costs several times its warm figure.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,18 +76,20 @@ STATUS_NAMES = (
 )
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
-# Gradients whose sums of squares the CPU path takes as dot products.
-_DOT_DTYPES = (torch.float32, torch.float64)
 # By accumulation dtype: the max |g| under which squares underflow and a norm (torch's own
 # included) loses precision or reads 0; such parameters are recomputed exactly in resolve.
 _TINY = {torch.float32: 1e-15, torch.float64: 1e-140}
-# Device types that take the per-tensor path (dot + aminmax) rather than the fused
-# ``_foreach_norm`` one; the tests also run the fused path on CPU by emptying this.
+# Device types whose max |g| is read by one aminmax per (large) tensor rather than by the
+# fused ``_foreach_norm`` ord inf; the tests also run the fused path on CPU by emptying this.
 _PER_TENSOR_DEVICES: tuple[str, ...] = ("cpu",)
-# Up to this many elements a tensor is "small": a CPU reads small tensors with fused
-# ``_foreach_norm`` calls, where one call's per-tensor cost (~1 µs) beats a Python-dispatched
-# BLAS call per tensor (~5 µs); above it the BLAS dot product's speed wins.
+# Up to this many elements a tensor is "small": a CPU reads small tensors' max |g| with the
+# fused call too, where its per-tensor cost (~1 µs) beats a Python-dispatched aminmax per
+# tensor (~5 µs); above it aminmax's speed wins.
 _SMALL_NUMEL = 4096
+# Up to this many (parameter, layer) memberships, per-layer figures are summed by Python's
+# arithmetic rather than numpy's (see GradientWatch._layer_norms); larger models have no
+# quiet path (see GradientWatch._quiet_step).
+_PYTHON_SUMS = 1024
 
 
 @dataclass(frozen=True)
@@ -191,8 +194,8 @@ class _Group:
     replicas: int = 1
     # FSDP1: each parameter's unit (whether it got a gradient is the unit's to say).
     flat: list[FlatShard] | None = None
-    # Tensors of at most _SMALL_NUMEL elements: read with fused foreach calls on a CPU too
-    # (for thousands of small layers the per-tensor Python of the BLAS path dominates).
+    # Tensors of at most _SMALL_NUMEL elements: max |g| by a fused call on a CPU too (for
+    # thousands of small layers the per-tensor Python of aminmax dominates).
     small: bool = False
 
     def freeze(self) -> _Group:
@@ -206,12 +209,12 @@ class _Entry:
     """Where one group's numbers sit in its device's vector (see ``GradientWatch.launch``).
 
     ``present``: positions (in the group) of the parameters that have a gradient this step,
-    None when all of them do. ``squared``: the weight figures (and an unwatched entry's
-    gradient figures) are sums of squares (CPU dot products), not norms; ``grads_squared``:
-    so are the gradient figures (sharded groups). Layout, ``interleaved`` (CPU): a (figure,
-    min, max) triple per present gradient (min and max from aminmax), then one figure per present
-    weight. Otherwise (fused): the gradient figures, then the present weights', then max |g|
-    of the non-empty gradients. Unwatched entries hold gradient figures only.
+    None when all of them do. ``squared``: the weight figures (and an unwatched sharded
+    entry's gradient figures) are sums of squares, not norms; ``grads_squared``: so are the
+    gradient figures (sharded groups). Layout: the gradient figures, then on detail steps
+    the present weights', then per non-empty gradient its max |g|, or with ``pairs`` (a
+    CPU's large tensors) its (min, max) from aminmax. Unwatched entries hold gradient
+    figures only.
     """
 
     kind: str
@@ -220,7 +223,7 @@ class _Entry:
     count: int = 0
     nonempty: list[int] | None = None
     squared: bool = False
-    interleaved: bool = False
+    pairs: bool = False
     tiny: float = 0.0
     # Watched gradient figures are norms, except a sharded group's sums of squares.
     grads_squared: bool = False
@@ -253,6 +256,27 @@ class _Figures:
     loss: float | None = None
     scale: float | None = None
     ranks: RankFacts | None = None
+
+
+@dataclass(frozen=True)
+class _QuietPlan:
+    """How :meth:`GradientWatch.collect` reads a quiet step (see ``_quiet_step``): every
+    parameter with ``requires_grad`` on one device, in one dtype, none sharded or sparse.
+    ``params``: the watched ones in the watch's parameter order, then the unwatched ones."""
+
+    params: list[torch.Tensor]
+    watched: int
+    device: torch.device
+    grad_dtype: torch.dtype
+    norm_dtype: torch.dtype | None
+    tiny: float
+    # Detail steps: the watched parameters whose max |g| is read by aminmax (a CPU's large
+    # tensors), and the others (one fused call).
+    large: list[int]
+    small: list[int]
+    # The unwatched groups' sizes: their sums of squares add up group by group, as in
+    # resolve (the same total, bit for bit).
+    unwatched: list[int]
 
 
 def _norm_dtype(tensor: torch.Tensor) -> torch.dtype | None:
@@ -289,17 +313,13 @@ def _squares(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack(norms).double().square()
 
 
-def _sum_squares(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Per-tensor sum of squares on CPU, one pass each. A BLAS dot product is 1.5-3x faster
-    there than ``torch._foreach_norm`` (a loop of single-threaded norms on CPU)."""
-    out = []
-    for t in tensors:
-        if t.is_contiguous():
-            flat = t.view(-1)
-            out.append(torch.dot(flat, flat))
-        else:
-            out.append(torch.linalg.vector_norm(t).square())
-    return out
+def _square_sum(figures: list[float]) -> float:
+    """The sum of the squares of a list of norms: by Python's arithmetic up to
+    _PYTHON_SUMS of them, by numpy above (both paths of a step sum unwatched groups here, so
+    their totals agree bit for bit)."""
+    if len(figures) <= _PYTHON_SUMS:
+        return sum([v * v for v in figures])
+    return float(np.sum(np.square(np.asarray(figures, dtype=np.float64))))
 
 
 class GradientWatch:
@@ -389,6 +409,7 @@ class GradientWatch:
             raise GradScopeError(f"detail_every must be >= 1, not {detail_every}")
         self.detail_every = int(detail_every)
         self._previous_status: np.ndarray | None = None
+        self._previous_bytes: bytes | None = None
         if isinstance(layers, str):
             layers = [layers]
         self._layers_spec = None if layers is None else list(layers)
@@ -465,8 +486,16 @@ class GradientWatch:
         flat, unit_unknown = flat_shards(model)
         # The model's first parameter tells, at each step, whether the parameters were
         # replaced, moved or taken into FSDP1 units since: one look, not one per parameter.
-        probe = next(model.parameters(), None)
+        # Its owner and name too: a look in one dict, not a walk of the modules.
+        owner = key = probe = None
+        for module in model.modules():
+            key = next((k for k, v in module._parameters.items() if v is not None), None)
+            if key is not None:
+                owner, probe = module, module._parameters[key]
+                break
         self._probe = (
+            owner,
+            key,
             probe,
             None if probe is None else probe.device,
             probe is not None and flattened_by_fsdp(probe),
@@ -530,6 +559,14 @@ class GradientWatch:
         self._members = np.asarray(members, dtype=np.intp)
         self._offsets = np.asarray(offsets, dtype=np.intp)
         self._layer_sizes = np.diff(np.append(self._offsets, len(members)))
+        # Each watched parameter in exactly one layer, in order: per-layer sums need no gather.
+        self._members_in_order = np.array_equal(self._members, np.arange(len(self._params)))
+        # Each layer's members, for sums by Python's arithmetic (see _layer_norms).
+        self._python_layers = (
+            [members[a:b] for a, b in zip(offsets, [*offsets[1:], len(members)], strict=True)]
+            if len(members) <= _PYTHON_SUMS
+            else None
+        )
         # Unwatched parameters still count towards the total norm when they have gradients,
         # so a NaN anywhere in the model is noticed even when only a few layers are watched.
         self._unwatched = [p for p in model.parameters() if id(p) not in index_of]
@@ -551,6 +588,44 @@ class GradientWatch:
         # Weight figures of parameters without a gradient are not read again each step
         # (a frozen backbone's weights do not change): the last ones read stand for them.
         self._weight_norm = self._read_weight_norms()
+        self._quiet = self._quiet_plan(every, sparse_capable)
+
+    def _quiet_plan(self, groups: Sequence[_Group], sparse_capable: set[int]) -> _QuietPlan | None:
+        """The plan of :meth:`_quiet_step`, when this model allows one: every parameter
+        trainable, non-empty and real, on one device and in one dtype, none sharded or
+        sparse, and no exchange of figures with other ranks."""
+        unwatched = [g.params for g in self._unwatched_groups]
+        params = [*self._params, *(p for each in unwatched for p in each)]
+        if (
+            not params
+            or self._exchange is not None
+            or sparse_capable
+            or any(g.sharded for g in groups)
+            or not all(p.requires_grad and p.numel() and not p.is_complex() for p in params)
+            or not (self._layer_sizes > 0).all()
+            or self._python_layers is None  # many parameters: the full path's numpy pays
+        ):
+            return None
+        device, dtype = params[0].device, params[0].dtype
+        if device.type == "meta" or any(p.device != device or p.dtype != dtype for p in params):
+            return None
+        watched = len(self._params)
+        # Max |g| as launch reads it: one aminmax per large tensor on a CPU, the fused
+        # call for the rest.
+        per_tensor = device.type in _PER_TENSOR_DEVICES
+        large = [i for i in range(watched) if per_tensor and params[i].numel() > _SMALL_NUMEL]
+        small = sorted(set(range(watched)) - set(large))
+        return _QuietPlan(
+            params=params,
+            watched=watched,
+            device=device,
+            grad_dtype=dtype,
+            norm_dtype=torch.float32 if dtype in _HALF_DTYPES else None,
+            tiny=_TINY[torch.float64 if dtype == torch.float64 else torch.float32],
+            unwatched=[len(each) for each in unwatched],
+            large=large,
+            small=small,
+        )
 
     # -- grouping ---------------------------------------------------------------------
     @staticmethod
@@ -587,13 +662,13 @@ class GradientWatch:
 
     def _parameters_replaced(self) -> bool:
         """Whether the model's parameters changed since :meth:`_bind` (see there)."""
-        probe, device, flattened = self._probe
-        first = next(self.model.parameters(), None)
+        owner, key, probe, device, flattened = self._probe
+        if owner is None:
+            return next(self.model.parameters(), None) is not None
+        first = owner._parameters.get(key)
         if first is not probe:
             return True
-        return first is not None and (
-            first.device != device or (not flattened and flattened_by_fsdp(first))
-        )
+        return first.device != device or (not flattened and flattened_by_fsdp(first))
 
     @torch.no_grad()
     def _read_weight_norms(self) -> np.ndarray:
@@ -629,6 +704,7 @@ class GradientWatch:
         self._step = int(value)
         self._in_episode = False
         self._previous_status = None
+        self._previous_bytes = None
 
     @property
     def on_every_rank(self) -> bool:
@@ -662,10 +738,9 @@ class GradientWatch:
         How a group of parameters (same device, dtype and size class) is read: fused
         ``_foreach_norm`` calls (ord 2 over gradients, and on detail steps over weights, and
         ord inf over gradients): one call for thousands of tensors, no per-tensor Python.
-        On a CPU's detail steps large tensors are read instead by a BLAS dot product each
-        (sum of squares) and one ``aminmax`` while the gradient is still in cache, since
-        there ``_foreach_norm`` is a loop of single-threaded norms and its ord inf 7x slower.
-        Sums of squares that overflow or underflow float are recomputed exactly in
+        On a CPU max |g| of large tensors is read instead by one ``aminmax`` each, since
+        there ``_foreach_norm``'s ord inf is several times slower. Sums of squares that
+        overflow or underflow float are recomputed exactly in
         :meth:`resolve` (rare steps only). Only parameters that have a gradient are read: a
         frozen backbone costs nothing.
         """
@@ -745,41 +820,27 @@ class GradientWatch:
             device = sample.device
             pieces = parts.setdefault(device, [])
             norm_dtype = _norm_dtype(sample)
-            # Per-tensor BLAS reads only on a CPU's detail steps (with aminmax while the
-            # gradient is in cache); the norms alone are one fused call, which on a CPU
-            # also spares the BLAS thread pool's wake-ups (measured: 1.12x a plain MLP
-            # step against 1.21x for the dot products).
-            per_tensor = device.type in _PER_TENSOR_DEVICES and not group.small and detail
-            squared = per_tensor and sample.dtype in _DOT_DTYPES
+            # One fused call reads the gradients' norms (and on detail steps the weights'):
+            # plain and detail steps give the same norms, bit for bit.
+            pieces += torch._foreach_norm(grads + params if detail else grads, 2, dtype=norm_dtype)
             nonempty = None
-            if per_tensor:
-                # The norms as every step reads them (one fused call: detail and plain steps
-                # give bit-identical norms), then max |g| per gradient and the weights by
-                # BLAS dot products (sums of squares).
-                norms = torch._foreach_norm(grads, 2, dtype=norm_dtype)
-                for g, norm in zip(grads, norms, strict=True):
-                    pieces.append(norm)
-                    if g.numel():
-                        pieces += torch.aminmax(g.abs() if g.is_complex() else g)
-                    else:
-                        pieces += (norm.new_zeros(()),) * 2
-                if squared:
-                    pieces += _sum_squares(params)
-                else:
-                    pieces += torch._foreach_norm(params, 2, dtype=norm_dtype)
-            else:
-                pieces += torch._foreach_norm(
-                    grads + params if detail else grads, 2, dtype=norm_dtype
-                )
-                if detail and group.sparse_capable:  # a sparse gradient can store nothing
-                    nonempty = [k for k, g in enumerate(grads) if g.numel()]
-                    grads = [grads[k] for k in nonempty]
-                elif detail and group.empty:
-                    positions = present if present is not None else range(len(group.params))
-                    nonempty = [k for k, i in enumerate(positions) if i not in group.empty]
-                    grads = [grads[k] for k in nonempty]
-                if detail and grads:
-                    pieces += torch._foreach_norm(grads, float("inf"))
+            # Max |g| on a CPU by one aminmax per gradient: there _foreach_norm's ord inf is
+            # several times slower (measured: 2.4 ms against 0.15 ms on the benchmark's
+            # MLP). Small tensors keep the fused call (for thousands of them one call's
+            # per-tensor cost beats a Python-dispatched call each).
+            pairs = detail and device.type in _PER_TENSOR_DEVICES and not group.small
+            if detail and group.sparse_capable:  # a sparse gradient can store nothing
+                nonempty = [k for k, g in enumerate(grads) if g.numel()]
+                grads = [grads[k] for k in nonempty]
+            elif detail and group.empty:
+                positions = present if present is not None else range(len(group.params))
+                nonempty = [k for k, i in enumerate(positions) if i not in group.empty]
+                grads = [grads[k] for k in nonempty]
+            if pairs:
+                for g in grads:
+                    pieces += torch.aminmax(g.abs() if g.is_complex() else g)
+            elif detail and grads:
+                pieces += torch._foreach_norm(grads, float("inf"))
             layout.setdefault(device, []).append(
                 _Entry(
                     "watched",
@@ -787,8 +848,7 @@ class GradientWatch:
                     present,
                     len(params),
                     nonempty,
-                    squared,
-                    interleaved=per_tensor and detail,
+                    pairs=pairs,
                     tiny=_TINY[torch.float64 if sample.dtype == torch.float64 else torch.float32],
                     detail=detail,
                 )
@@ -819,20 +879,14 @@ class GradientWatch:
             grads = [group.params[i].grad for i in present]
             if group.sparse_capable:
                 grads = [_values(g) for g in grads]
+            # One fused call, as a plain step reads watched gradients (the quiet path reads
+            # them so too: both give the same total).
             device = grads[0].device
-            squared = (
-                device.type in _PER_TENSOR_DEVICES
-                and not group.small
-                and grads[0].dtype in _DOT_DTYPES
-            )
-            if squared:
-                figures = _sum_squares(grads)
-            else:
-                figures = list(torch._foreach_norm(grads, 2, dtype=_norm_dtype(grads[0])))
-            parts.setdefault(device, []).extend(figures)
-            layout.setdefault(device, []).append(
-                _Entry("unwatched", group, present, len(present), squared=squared)
-            )
+            parts[device] = [
+                *parts.get(device, []),
+                *torch._foreach_norm(grads, 2, dtype=_norm_dtype(grads[0])),
+            ]
+            layout.setdefault(device, []).append(_Entry("unwatched", group, present, len(present)))
         scale = self._scale_tensor() if facts else None
         if scale is not None:
             parts.setdefault(scale.device, []).append(scale.detach().reshape(()).float())
@@ -917,17 +971,16 @@ class GradientWatch:
                     continue
                 group = entry.group
                 count = entry.count
-                if entry.interleaved:  # CPU detail: (figure, min, max) per gradient
-                    triples = values[cursor : cursor + 3 * count].reshape(count, 3)
-                    cursor += 3 * count
-                    grad_figures = triples[:, 0]
-                else:
-                    grad_figures = values[cursor : cursor + count]
-                    cursor += count
+                grad_figures = values[cursor : cursor + count]
+                cursor += count
                 if entry.kind == "unwatched":
                     squares = grad_figures if entry.squared else np.square(grad_figures)
                     if np.isfinite(squares).all():
-                        figures.unwatched_sq += float(np.sum(squares))
+                        figures.unwatched_sq += (
+                            float(np.sum(squares))
+                            if entry.squared
+                            else _square_sum(grad_figures.tolist())
+                        )
                     else:  # a real NaN/Inf, or only an overflowed sum: look closer
                         figures.unwatched_bad.append((group, entry.present))
                     continue
@@ -950,11 +1003,13 @@ class GradientWatch:
                 weights = values[cursor : cursor + count]
                 cursor += count
                 param_weight[indices] = np.sqrt(weights) if entry.squared else weights
-                if entry.interleaved:
-                    maxima = np.maximum(triples[:, 2], -triples[:, 1])
+                if entry.nonempty is not None:
+                    indices = indices[entry.nonempty]
+                if entry.pairs:  # (min, max) per gradient
+                    pairs = values[cursor : cursor + 2 * len(indices)].reshape(-1, 2)
+                    cursor += 2 * len(indices)
+                    maxima = np.maximum(pairs[:, 1], -pairs[:, 0])
                 else:
-                    if entry.nonempty is not None:
-                        indices = indices[entry.nonempty]
                     maxima = values[cursor : cursor + len(indices)]
                     cursor += len(indices)
                 param_max[indices] = maxima
@@ -1005,7 +1060,7 @@ class GradientWatch:
         members, offsets = self._members, self._offsets
         with np.errstate(over="ignore", invalid="ignore"):
             if len(offsets):
-                grad_norm = np.sqrt(np.add.reduceat(np.square(param_norm[members]), offsets))
+                grad_norm, watched_sq = self._layer_norms(param_norm)
                 if counted:
                     nan_count = np.add.reduceat(nan_per_param[members], offsets)
                     inf_count = np.add.reduceat(inf_per_param[members], offsets)
@@ -1018,8 +1073,9 @@ class GradientWatch:
                     with_grad = np.add.reduceat(has_grad[members].astype(np.intp), offsets)
             else:
                 grad_norm = np.zeros(0)
+                watched_sq = float(np.sum(np.square(param_norm)))
                 nan_count = inf_count = with_grad = np.zeros(0, dtype=np.int64)
-            total = float(np.sqrt(np.sum(np.square(param_norm)) + unwatched_sq))
+            total = float(np.sqrt(watched_sq + unwatched_sq))
         status = classify(
             grad_norm, nan_count + inf_count, self.explode_threshold, self.vanish_threshold
         )
@@ -1059,15 +1115,14 @@ class GradientWatch:
             param_max = np.where(again.has_grad, again.param_max, param_max)
             figures.detail = True
         self._previous_status = status
+        self._previous_bytes = status.tobytes()
         max_abs = weight_norm = None
         if figures.detail:
             with np.errstate(over="ignore", invalid="ignore"):
                 param_max = param_max / divisor
                 if len(offsets):
-                    max_abs = np.maximum.reduceat(param_max[members], offsets)
-                    weight_norm = np.sqrt(
-                        np.add.reduceat(np.square(self._weight_norm[members]), offsets)
-                    )
+                    max_abs = self._layer_max(param_max)
+                    weight_norm = self._layer_norms(self._weight_norm)[0]
                 else:
                     max_abs = weight_norm = np.zeros(0)
         stats = StepStats(
@@ -1113,7 +1168,158 @@ class GradientWatch:
         instruments and ``stats.origin`` says the module, operation and line. It is never
         called on finite steps. ``batch``: the step's batch, checked for NaN/Inf data.
         """
+        if self._quiet is not None:
+            stats = self._quiet_step(loss, detail=self._detail_due())
+            if stats is not None:
+                return stats
         return self.resolve(self.launch(loss, batch=batch), locate=locate, batch=batch)
+
+    def _quiet_step(self, loss: Any, *, detail: bool) -> StepStats | None:
+        """A step where nothing happens, by a short path: the same figures as
+        :meth:`launch` + :meth:`resolve` give, from the same fused calls. Its cost is
+        mostly the Python it runs, which a training step's forward and backward have just
+        pushed out of the CPU caches, so it runs little.
+
+        None when the step is not quiet: a gradient missing, non-finite or too small for
+        its squares to be exact, a status that changes, a loss scaler, a model changed
+        since the watch. Then the full path reads the step again."""
+        plan = self._quiet
+        scaler = self.scaler
+        if (scaler is not None and scaler.is_enabled()) or type(self.model) is not self._root_class:
+            return None
+        if self._parameters_replaced():
+            return None
+        grads = [p.grad for p in plan.params]
+        first = grads[0]
+        if (
+            first is None
+            or first.dtype != plan.grad_dtype
+            or first.device != plan.device
+            or first.requires_grad  # backward(create_graph=True): read under no_grad
+        ):
+            return None
+        watched = plan.watched
+        weights = plan.params[:watched]
+        copies = None
+        try:  # a missing gradient (None) fails here, before anything is computed
+            if detail:
+                with torch.no_grad():  # the weights require gradients
+                    pieces = self._quiet_detail(grads, weights)
+                    if self.update_ratio_enabled:
+                        copies = torch._foreach_mul(weights, 1.0)
+            else:  # gradients that require none (checked above): no autograd to turn off
+                pieces = list(torch._foreach_norm(grads, 2, dtype=plan.norm_dtype))
+        except TypeError:
+            return None
+        if loss is not None:
+            value = loss_from_output(loss).detach().reshape(())
+            pieces.append(value.real if value.is_complex() else value)
+        vector = torch.stack(pieces)
+        # Python's float arithmetic on a list: after a backward each numpy call costs some
+        # 20 µs here (its code is out of the CPU caches), several times the arithmetic.
+        listed = (vector if vector.device.type == "cpu" else _host(vector)).tolist()
+        if not math.isfinite(sum(listed)):  # a NaN or an Inf
+            return None
+        tiny = plan.tiny
+        watched = plan.watched
+        param_norm = listed[:watched]
+        if min(param_norm) < tiny and any(0 < v < tiny for v in param_norm):
+            return None  # squares that underflowed: resolve reads them exactly
+        grad_norm, watched_sq = self._python_norms(param_norm)
+        vanish, explode = self.vanish_threshold, self.explode_threshold
+        status = bytes(  # classify()'s order: exploding, then vanishing
+            [
+                STATUS_EXPLODING if v > explode else STATUS_VANISHING if v < vanish else STATUS_OK
+                for v in grad_norm
+            ]
+        )
+        if status != self._previous_bytes:
+            return None
+        unwatched_sq = 0.0
+        end = watched
+        for size in plan.unwatched:  # summed group by group, as resolve sums them
+            unwatched_sq += _square_sum(listed[end : end + size])
+            end += size
+        max_abs = weight_norm = None
+        if detail:
+            weight_figures = listed[end : end + watched]
+            end += watched
+            param_max = [0.0] * watched
+            for i in plan.large:
+                low, high = listed[end], listed[end + 1]
+                param_max[i] = high if high >= -low else -low
+                end += 2
+            for i in plan.small:
+                param_max[i] = listed[end]
+                end += 1
+            if min(param_max) < tiny and any(0 < v < tiny for v in param_max):
+                return None  # an imprecise norm: resolve reads it exactly
+            max_abs = np.array(
+                [max([param_max[i] for i in layer]) for layer in self._python_layers]
+            )
+            self._weight_norm[:] = weight_figures
+            weight_norm = np.array(self._python_norms(weight_figures)[0])
+        zeros = np.zeros(len(grad_norm), dtype=np.int64)
+        stats = StepStats(
+            step=self._step,
+            loss=None if loss is None else listed[end],
+            total_grad_norm=math.sqrt(watched_sq + unwatched_sq),
+            grad_norm=np.array(grad_norm),
+            max_abs=max_abs,
+            weight_norm=weight_norm,
+            nan_count=zeros,
+            inf_count=zeros.copy(),
+            status=np.frombuffer(status, dtype=np.uint8).copy(),
+            param_grad_norm=np.array(param_norm),
+        )
+        # The weights as the optimizer found them, for update_ratio (detail steps only).
+        self._weights_before = (
+            None if copies is None else [(np.arange(watched), weights, copies, 0)]
+        )
+        self._step += 1
+        self._collected += 1
+        self.last = stats
+        self._in_episode = False
+        for sink in self._sinks:
+            sink.on_step(self, stats)
+        return stats
+
+    def _quiet_detail(
+        self, grads: list[torch.Tensor], weights: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """A quiet detail step's reads, as launch reads them: the L2 norms of the gradients
+        and the watched weights by one fused call, then max |g| of the watched gradients,
+        a (min, max) pair per large one on a CPU and one fused call for the rest."""
+        plan = self._quiet
+        pieces = list(torch._foreach_norm(grads + weights, 2, dtype=plan.norm_dtype))
+        for i in plan.large:
+            pieces += torch.aminmax(grads[i])
+        if plan.small:
+            pieces += torch._foreach_norm([grads[i] for i in plan.small], float("inf"))
+        return pieces
+
+    def _layer_norms(self, param_norm: np.ndarray) -> tuple[np.ndarray, float]:
+        """Per-layer L2 norms from the parameters' (finite or not), and their sum of squares.
+        Both paths of a step take them from here, so their figures are the same bit for
+        bit: by Python's arithmetic for a model of few parameters (as the quiet path takes
+        them), by numpy for a larger one."""
+        if self._python_layers is not None:
+            layer_norms, squares = self._python_norms(param_norm.tolist())
+            return np.array(layer_norms), squares
+        squares = np.square(param_norm)
+        members = squares if self._members_in_order else squares[self._members]
+        return np.sqrt(np.add.reduceat(members, self._offsets)), float(np.sum(squares))
+
+    def _python_norms(self, figures: list[float]) -> tuple[list[float], float]:
+        """:meth:`_layer_norms` by Python's arithmetic, on a list."""
+        squares = [v * v for v in figures]
+        sums = [sum([squares[i] for i in layer]) for layer in self._python_layers]
+        return [math.sqrt(v) for v in sums], sum(squares)
+
+    def _layer_max(self, param_max: np.ndarray) -> np.ndarray:
+        """Per-layer max |g| from the parameters'."""
+        members = param_max if self._members_in_order else param_max[self._members]
+        return np.maximum.reduceat(members, self._offsets)
 
     def _absent_status(self, layers: np.ndarray) -> np.ndarray:
         """frozen (no parameter requires a gradient) or no gradient, for layers whose

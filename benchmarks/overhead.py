@@ -24,15 +24,16 @@ process so that machine drift (thermal, other load) hits them alike:
   over every gradient, the loss, one ``torch.stack`` and one host transfer, by plain torch
   calls. Its distance to ``plain`` is what reading every gradient once costs.
 
-Each round runs every variant for a block of steps (after one untimed warm-up step) in a
-fresh random order; the block's median step time divided by plain's in the same round is
-that round's ratio. The table shows the median of those ratios over the rounds and their
-spread (25th-75th percentile, and min-max in the JSON), and, as a figure that other load on
-a shared machine disturbs least, the ratio of the variants' 10th-percentile step times. Each
-model has a time budget (the run stops adding rounds when it is spent, after at least 3),
-so the whole run takes under 5 minutes even on a busy 2-core machine; the 1-minute load
-average before and after each model is recorded. Threads are pinned with
-``torch.set_num_threads(os.cpu_count())``.
+Each round runs a block of steps of every variant, the variants interleaved step by step in
+a fresh random order for each step (a shared 2-core machine's speed drifts by 20% within
+seconds: interleaving makes the drift hit every variant alike); the block's median step time
+divided by plain's in the same round is that round's ratio. The table shows the median of
+those ratios over the rounds and their spread (25th-75th percentile, and min-max in the
+JSON), and, as a figure that other load on a shared machine disturbs least, the ratio of the
+variants' 10th-percentile step times. Each model has a time budget (the run stops adding
+rounds when it is spent, after at least 3), so the whole run takes under 5 minutes even on a
+busy 2-core machine; the 1-minute load average before and after each model is recorded.
+Threads are pinned with ``torch.set_num_threads(os.cpu_count())``.
 
 On CUDA (when ``torch.cuda.is_available()``) resnet50 at batch 64 is added, steps are timed
 with a synchronisation at each step's end, and the watch's ``launch()`` runs under
@@ -327,13 +328,11 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
     started = time.perf_counter()
     rounds = 0
     while rounds < max_rounds and (rounds < 3 or time.perf_counter() - started < budget):
-        order = list(VARIANTS)
-        rng.shuffle(order)
+        measured = _round(step, seed, steps, rng)
         block = {}
-        for variant in order:
-            measured = _block(variant, step, seed, steps)
-            every[variant] += measured
-            block[variant] = statistics.median(measured)
+        for variant in VARIANTS:
+            every[variant] += measured[variant]
+            block[variant] = statistics.median(measured[variant])
             times[variant].append(block[variant])
         for variant in VARIANTS:
             ratios[variant].append(block[variant] / block["plain"])
@@ -393,6 +392,28 @@ def _block(variant: str, step: Callable[[str], float], seed: SeedHook, steps: in
     finally:
         if variant == "seed_hook":
             seed.detach()
+
+
+def _round(
+    step: Callable[[str], float], seed: SeedHook, steps: int, rng: random.Random
+) -> dict[str, list[float]]:
+    """One round: ``steps`` step times of each variant, the variants interleaved step by
+    step in a fresh random order each time, so that the machine's drift (a shared 2-core
+    machine's speed moves by 20% within seconds) hits them alike."""
+    gc.collect()
+    measured: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    for _ in range(steps):
+        order = list(VARIANTS)
+        rng.shuffle(order)
+        for variant in order:
+            if variant == "seed_hook":
+                seed.attach()
+            try:
+                measured[variant].append(step(variant))
+            finally:
+                if variant == "seed_hook":
+                    seed.detach()
+    return measured
 
 
 def _quantile(ordered: list[float], q: float) -> float:

@@ -561,9 +561,11 @@ class GradientWatch:
         self._layer_sizes = np.diff(np.append(self._offsets, len(members)))
         # Each watched parameter in exactly one layer, in order: per-layer sums need no gather.
         self._members_in_order = np.array_equal(self._members, np.arange(len(self._params)))
-        # Each layer's members, for sums by Python's arithmetic (see _layer_norms).
+        # Each layer's members (a slice when they are in order), for sums by Python's
+        # arithmetic (see _layer_norms).
+        spans = zip(offsets, [*offsets[1:], len(members)], strict=True)
         self._python_layers = (
-            [members[a:b] for a, b in zip(offsets, [*offsets[1:], len(members)], strict=True)]
+            [slice(a, b) if self._members_in_order else members[a:b] for a, b in spans]
             if len(members) <= _PYTHON_SUMS
             else None
         )
@@ -1212,7 +1214,9 @@ class GradientWatch:
         except TypeError:
             return None
         if loss is not None:
-            value = loss_from_output(loss).detach().reshape(())
+            value = loss_from_output(loss).detach()
+            if value.dim():
+                value = value.reshape(())
             pieces.append(value.real if value.is_complex() else value)
         vector = torch.stack(pieces)
         # Python's float arithmetic on a list: after a backward each numpy call costs some
@@ -1254,23 +1258,29 @@ class GradientWatch:
                 end += 1
             if min(param_max) < tiny and any(0 < v < tiny for v in param_max):
                 return None  # an imprecise norm: resolve reads it exactly
-            max_abs = np.array(
-                [max([param_max[i] for i in layer]) for layer in self._python_layers]
-            )
+            if self._members_in_order:  # slices
+                max_abs = np.array([max(param_max[span]) for span in self._python_layers])
+            else:
+                max_abs = np.array(
+                    [max([param_max[i] for i in layer]) for layer in self._python_layers]
+                )
             self._weight_norm[:] = weight_figures
             weight_norm = np.array(self._python_norms(weight_figures)[0])
-        zeros = np.zeros(len(grad_norm), dtype=np.int64)
+        # Few numpy calls: one array for both lists of norms, one for both counts.
+        layers = len(grad_norm)
+        norms = np.array(grad_norm + param_norm)
+        counts = np.zeros((2, layers), dtype=np.int64)
         stats = StepStats(
             step=self._step,
             loss=None if loss is None else listed[end],
             total_grad_norm=math.sqrt(watched_sq + unwatched_sq),
-            grad_norm=np.array(grad_norm),
+            grad_norm=norms[:layers],
             max_abs=max_abs,
             weight_norm=weight_norm,
-            nan_count=zeros,
-            inf_count=zeros.copy(),
-            status=np.frombuffer(status, dtype=np.uint8).copy(),
-            param_grad_norm=np.array(param_norm),
+            nan_count=counts[0],
+            inf_count=counts[1],
+            status=np.frombuffer(bytearray(status), dtype=np.uint8),  # writable, not copied
+            param_grad_norm=norms[layers:],
         )
         # The weights as the optimizer found them, for update_ratio (detail steps only).
         self._weights_before = (
@@ -1313,7 +1323,10 @@ class GradientWatch:
     def _python_norms(self, figures: list[float]) -> tuple[list[float], float]:
         """:meth:`_layer_norms` by Python's arithmetic, on a list."""
         squares = [v * v for v in figures]
-        sums = [sum([squares[i] for i in layer]) for layer in self._python_layers]
+        if self._members_in_order:  # slices
+            sums = [sum(squares[span]) for span in self._python_layers]
+        else:
+            sums = [sum([squares[i] for i in layer]) for layer in self._python_layers]
         return [math.sqrt(v) for v in sums], sum(squares)
 
     def _layer_max(self, param_max: np.ndarray) -> np.ndarray:

@@ -18,8 +18,8 @@ process so that machine drift (thermal, other load) hits them alike:
   every gradient and weight (L2 and weight norms), one ``aminmax`` per gradient (max |g|),
   one ``torch.stack`` and one host transfer. Its distance to ``plain`` is what reading every
   gradient twice and every weight once costs on this machine; GradScope's distance to it is
-  its own bookkeeping, less what its device-specific choices save (on a CPU, BLAS dot
-  products for large tensors).
+  its own bookkeeping, less what its device-specific choices save (on a CPU, the fused
+  ord-inf norm for small tensors' max |g| instead of one ``aminmax`` each).
 - ``norms_only``: the yardstick of the default watch's plain steps: one ``_foreach_norm``
   over every gradient, the loss, one ``torch.stack`` and one host transfer, by plain torch
   calls. Its distance to ``plain`` is what reading every gradient once costs.

@@ -148,8 +148,11 @@ def _format(value: float) -> str:
 
 
 def summary_table(history: RunHistory) -> str:
-    """Per-layer summary: last and largest gradient norm, largest |g|, worst status."""
+    """Per-layer summary: last and largest gradient norm, largest |g|, worst status. The
+    largest leave out the steps a loss scaler skipped (their scaled gradients overflowed, as
+    designed, and were never applied); a NaN/Inf step counts."""
     headers = ("layer", "type", "params", "status", "last grad norm", "max grad norm", "max |g|")
+    applied = ~history.skipped[: history.count]
     rows = []
     for name, type_name, params in zip(
         history.layer_names, history.layer_types, history.layer_params, strict=True
@@ -157,7 +160,7 @@ def summary_table(history: RunHistory) -> str:
         norms = history.series("grad_norm", name)
         measured = norms[norms != MISSING]
         last = measured[-1] if len(measured) else MISSING
-        largest = _nan_aware_max(measured)
+        largest = _nan_aware_max(norms[(norms != MISSING) & applied])
         maxima = history.series("max_abs", name)
         rows.append(
             (
@@ -167,7 +170,7 @@ def summary_table(history: RunHistory) -> str:
                 history.worst(name),
                 _format(last),
                 _format(largest),
-                _format(_nan_aware_max(maxima[maxima != MISSING])),
+                _format(_nan_aware_max(maxima[(maxima != MISSING) & applied])),
             )
         )
     widths = [

@@ -12,7 +12,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QByteArray, QPoint, QRect, QSettings, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -20,6 +20,7 @@ from PySide6.QtGui import (
     QDragEnterEvent,
     QDropEvent,
     QKeySequence,
+    QPainter,
     QPalette,
     QShowEvent,
 )
@@ -282,6 +283,9 @@ class MainWindow(QMainWindow):
             "Open a torchvision model, a transformers model type (hf:) or a timm model (timm:)")
         self.export_png_action = self._action(
             "Export plots as &PNG…", self._on_export_png_action_triggered, "Ctrl+E")
+        self.export_svg_action = self._action(
+            "Export plots as S&VG…", self._on_export_svg_action_triggered,
+            tip="The four plots as vector graphics (lines and text stay sharp at any size)")
         self.export_statistics_action = self._action(
             "Export all statistics as CSV…", lambda: self._ask_statistics_csv(None),
             tip="step, layer, grad_norm, max_abs, weight_norm, update_ratio, status")
@@ -326,6 +330,7 @@ class MainWindow(QMainWindow):
         self._fill_recent_menu()
         file_menu.addSeparator()
         file_menu.addAction(self.export_png_action)
+        file_menu.addAction(self.export_svg_action)
         file_menu.addAction(self.export_csv_action)
         file_menu.addAction(self.export_statistics_action)
         file_menu.addAction(self.export_layer_action)
@@ -467,6 +472,25 @@ class MainWindow(QMainWindow):
     # -- exports -------------------------------------------------------------------------
     def export_png(self, path: str) -> bool:
         return self.plots.grab().save(path)
+
+    def export_svg(self, path: str) -> bool:
+        """The plots as Qt paints them, into an SVG file (pyqtgraph's own SVG exporter fails
+        under this Qt: see gradscope.gui.plots)."""
+        from PySide6.QtSvg import QSvgGenerator
+
+        generator = QSvgGenerator()
+        generator.setFileName(path)
+        generator.setSize(self.plots.size())
+        generator.setViewBox(QRect(QPoint(0, 0), self.plots.size()))
+        generator.setTitle("GradScope plots")
+        painter = QPainter()
+        if not painter.begin(generator):
+            return False
+        try:
+            self.plots.render(painter, QPoint(0, 0))
+        finally:
+            painter.end()
+        return Path(path).is_file() and Path(path).stat().st_size > 0
 
     def export_csv(self, path: str) -> None:
         """Gradient norm per layer and step as the engine measured it (empty: not watched)."""
@@ -774,6 +798,12 @@ class MainWindow(QMainWindow):
                                               "PNG images (*.png)")
         if path:
             self.export_png(path)
+
+    def _on_export_svg_action_triggered(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export plots as SVG", "gradscope.svg",
+                                              "SVG images (*.svg)")
+        if path and not self.export_svg(path):
+            self.statusBar().showMessage(f"Could not write {path}", 8000)
 
     def _on_export_csv_action_triggered(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export gradient norms as CSV",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyqtgraph as pg
+import pyqtgraph.exporters
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
@@ -60,6 +61,19 @@ ZERO_RGBA = (255, 255, 255, 255)
 _MAX_LEFT_AXIS_WIDTH = 170
 _VIRIDIS = pg.colormap.get("viridis")
 _VIRIDIS_LUT = _VIRIDIS.getLookupTable(0.0, 1.0, 256, alpha=True)
+
+
+def _without_broken_svg_export() -> None:
+    """Take pyqtgraph's SVG exporter out of its export dialog (right-click > Export...): in
+    pyqtgraph 0.14 under Qt 6.12 it fails on every plot (it parses path data in a form this
+    Qt no longer writes; pyqtgraph issue #3485). File > Export plots as SVG renders the plots
+    through Qt's own QSvgGenerator instead."""
+    exporters = pg.exporters.Exporter.Exporters
+    if pg.exporters.SVGExporter in exporters:
+        exporters.remove(pg.exporters.SVGExporter)
+
+
+_without_broken_svg_export()
 
 
 @dataclass

@@ -219,6 +219,18 @@ def test_exports_and_persistence(qtbot, window, scripts, tmp_path: Path, prefere
     assert rows[0] == ["step", "loss", "0", "2"] and len(rows) == 6
     assert window.export_png(str(tmp_path / "plots.png"))
     assert (tmp_path / "plots.png").stat().st_size > 1000
+    # SVG through Qt's generator: vector curves and text. pyqtgraph's own SVG exporter
+    # (which fails under this Qt) is not offered in its right-click export dialog.
+    import xml.etree.ElementTree as ElementTree
+
+    import pyqtgraph.exporters
+
+    assert window.export_svg(str(tmp_path / "plots.svg"))
+    root = ElementTree.parse(tmp_path / "plots.svg").getroot()
+    tags = [element.tag.rsplit("}", 1)[-1] for element in root.iter()]
+    assert tags[0] == "svg" and tags.count("path") > 3 and "text" in tags
+    assert pyqtgraph.exporters.SVGExporter not in pyqtgraph.exporters.listExporters()
+    assert pyqtgraph.exporters.ImageExporter in pyqtgraph.exporters.listExporters()
     window.settings_panel.batch_size.setValue(3)
     window.settings_panel.batch_size.editingFinished.emit()
     window.close()

@@ -1225,7 +1225,6 @@ class GradientWatch:
         if not math.isfinite(sum(listed)):  # a NaN or an Inf
             return None
         tiny = plan.tiny
-        watched = plan.watched
         param_norm = listed[:watched]
         if min(param_norm) < tiny and any(0 < v < tiny for v in param_norm):
             return None  # squares that underflowed: resolve reads them exactly

@@ -75,11 +75,11 @@ def test_collect_synchronises_once_per_step_on_normal_vanishing_and_nan_steps():
     model(torch.randn(16, 64, device="cuda")).sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
 
-    def collect_strictly():
+    def collect_strictly(each=watch):
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return watch.collect()
+            return each.collect()
         finally:
             torch.cuda.set_sync_debug_mode(0)
 
@@ -94,12 +94,7 @@ def test_collect_synchronises_once_per_step_on_normal_vanishing_and_nan_steps():
         short = each._quiet_step
         each._quiet_step = lambda *a, _short=short, **k: quiet.append(_short(*a, **k)) or quiet[-1]
         for _ in range(2):
-            torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                again = each.collect()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
+            again = collect_strictly(each)
         np.testing.assert_array_equal(again.param_grad_norm, stats.param_grad_norm)
     assert quiet[-1] is not None and quiet[-3] is not None  # each watch's second step
     for p, g in zip(model.parameters(), grads, strict=True):

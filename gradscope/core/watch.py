@@ -612,10 +612,10 @@ class GradientWatch:
         if device.type == "meta" or any(p.device != device or p.dtype != dtype for p in params):
             return None
         watched = len(self._params)
-        # Max |g| as launch reads it: one aminmax per large tensor on a CPU, the fused
-        # call for the rest.
+        # Max |g| as launch reads it: one aminmax per tensor of a CPU's groups of large
+        # tensors, the fused call for the rest.
         per_tensor = device.type in _PER_TENSOR_DEVICES
-        large = [i for i in range(watched) if per_tensor and params[i].numel() > _SMALL_NUMEL]
+        large = sorted(i for g in self._groups if per_tensor and not g.small for i in g.indices)
         small = sorted(set(range(watched)) - set(large))
         return _QuietPlan(
             params=params,

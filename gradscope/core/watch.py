@@ -884,10 +884,9 @@ class GradientWatch:
             # One fused call, as a plain step reads watched gradients (the quiet path reads
             # them so too: both give the same total).
             device = grads[0].device
-            parts[device] = [
-                *parts.get(device, []),
-                *torch._foreach_norm(grads, 2, dtype=_norm_dtype(grads[0])),
-            ]
+            parts.setdefault(device, []).extend(
+                torch._foreach_norm(grads, 2, dtype=_norm_dtype(grads[0]))
+            )
             layout.setdefault(device, []).append(_Entry("unwatched", group, present, len(present)))
         scale = self._scale_tensor() if facts else None
         if scale is not None:
@@ -976,13 +975,13 @@ class GradientWatch:
                 grad_figures = values[cursor : cursor + count]
                 cursor += count
                 if entry.kind == "unwatched":
-                    squares = grad_figures if entry.squared else np.square(grad_figures)
-                    if np.isfinite(squares).all():
-                        figures.unwatched_sq += (
-                            float(np.sum(squares))
-                            if entry.squared
-                            else _square_sum(grad_figures.tolist())
-                        )
+                    squares = (
+                        float(np.sum(grad_figures))
+                        if entry.squared
+                        else _square_sum(grad_figures.tolist())
+                    )
+                    if math.isfinite(squares):
+                        figures.unwatched_sq += squares
                     else:  # a real NaN/Inf, or only an overflowed sum: look closer
                         figures.unwatched_bad.append((group, entry.present))
                     continue

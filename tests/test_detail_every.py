@@ -190,3 +190,19 @@ def test_the_quiet_path_gives_the_full_paths_figures_bit_for_bit(monkeypatch, fu
     # full path reads them. Every other step is quiet, detail steps (3, 6, 9) included.
     assert taken == [step not in (0, 7, 8) for step in range(12)]
     assert pairs[3][0].update_ratio is not None and pairs[9][0].max_abs is not None
+
+
+def test_a_loss_on_another_device_than_the_gradients_takes_the_full_path():
+    """The quiet path stacks the loss with the norms; a loss elsewhere (here on the meta
+    device, as a stand-in for a loss computed on the host of a CUDA model) goes the full way,
+    which reads each device on its own."""
+    model, data = model_and_data()
+    watch = gradscope.watch(model)
+    x, y = data[0]
+    for _ in range(2):
+        model.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        watch.collect(loss)
+    assert watch._quiet_step(loss, detail=False) is not None
+    assert watch._quiet_step(torch.zeros((), device="meta"), detail=False) is None

@@ -1214,6 +1214,8 @@ class GradientWatch:
             return None
         if loss is not None:
             value = loss_from_output(loss).detach()
+            if value.device != first.device:  # the full path reads each device on its own
+                return None
             if value.dim():
                 value = value.reshape(())
             pieces.append(value.real if value.is_complex() else value)

@@ -54,24 +54,34 @@ def init(rank: int, world: int, port: int) -> None:
     )
 
 
-def ddp_nan_in_one_rank(rank: int, world: int, port: int, out: str) -> None:
-    """DDP with BatchNorm; rank 0's batch holds a NaN at steps 0 and 3. Every rank collects
-    with locate= and records; the loop skips the optimizer on non-finite steps."""
+def ddp_nan_loop(
+    rank: int,
+    model: nn.Module,
+    out: str,
+    *,
+    steps: int,
+    batch: int,
+    nan_rank: int,
+    nan_steps: tuple[int, ...],
+    seed_step: int,
+    nan_at: tuple[int, int],
+):
+    """The DDP loop both NaN-in-one-rank workers run: the model wrapped in DDP, a watch that
+    records to ``out/run.gsrec``; rank ``nan_rank``'s batch holds a NaN at ``nan_steps``;
+    every rank collects with locate= and batch=, and skips the optimizer on non-finite
+    steps. Yields (watch, stats) for each step; the watch is closed after the last."""
     import gradscope
 
-    init(rank, world, port)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
     ddp = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     watch = gradscope.watch(ddp, record=Path(out) / "run.gsrec")
-    facts = {"layers": [layer.name for layer in watch.layers], "steps": []}
-    for step in range(6):
-        generator = torch.Generator().manual_seed(100 * step + rank)
-        x = torch.randn(8, 6, generator=generator)
-        y = torch.randn(8, 1, generator=generator)
-        if rank == 0 and step in (0, 3):
-            x[2, 1] = float("nan")
+    features = model[0].in_features
+    for step in range(steps):
+        generator = torch.Generator().manual_seed(seed_step * step + rank)
+        x = torch.randn(batch, features, generator=generator)
+        y = torch.randn(batch, 1, generator=generator)
+        if rank == nan_rank and step in nan_steps:
+            x[nan_at] = float("nan")
 
         def compute_loss(x=x, y=y):
             return nn.functional.mse_loss(ddp(x), y)
@@ -82,6 +92,30 @@ def ddp_nan_in_one_rank(rank: int, world: int, port: int, out: str) -> None:
         stats = watch.collect(loss, locate=compute_loss, batch=(x, y))
         if not stats.nonfinite:
             optimizer.step()
+        yield watch, stats
+    watch.close()
+
+
+def ddp_nan_in_one_rank(rank: int, world: int, port: int, out: str) -> None:
+    """DDP with BatchNorm; rank 0's batch holds a NaN at steps 0 and 3. Every rank collects
+    with locate= and records; the loop skips the optimizer on non-finite steps."""
+    init(rank, world, port)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
+    facts = {"steps": []}
+    loop = ddp_nan_loop(
+        rank,
+        model,
+        out,
+        steps=6,
+        batch=8,
+        nan_rank=0,
+        nan_steps=(0, 3),
+        seed_step=100,
+        nan_at=(2, 1),
+    )
+    for watch, stats in loop:
+        facts["layers"] = [layer.name for layer in watch.layers]
         origin = stats.origin
         facts["steps"].append(
             {
@@ -91,7 +125,6 @@ def ddp_nan_in_one_rank(rank: int, world: int, port: int, out: str) -> None:
                 "broken": stats.ranks.broken,
             }
         )
-    watch.close()
     facts["path"] = str(watch.path)
     Path(out, f"facts{rank}.json").write_text(json.dumps(facts, default=str))
     dist.barrier()

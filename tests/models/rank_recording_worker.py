@@ -5,8 +5,7 @@ holds a NaN at step 2. Run by tests through ``torch.multiprocessing`` (gloo on C
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-from models.distributed_workers import ddp_nan_loop, init, start_workers
+from models.distributed_workers import ddp_nan_loop, finish, init, start_workers
 from torch import nn
 
 STEPS = 4
@@ -30,8 +29,7 @@ def record_with_nan_in_rank_1(rank: int, world: int, port: int, out: str) -> Non
     )
     for _ in loop:
         pass
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 def record_rank_set(folder) -> None:

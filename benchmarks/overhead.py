@@ -502,6 +502,8 @@ def _fsdp_worker(
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
+    from gradscope.core.distributed.worker import leave
+
     # A hang ends this process with every thread's stack on stderr, never a stalled run.
     faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -729,14 +731,9 @@ def _fsdp_worker(
         Path(out, "result.json").write_text(json.dumps(result, indent=2))
     dist.barrier()
     dist.destroy_process_group()
-    # Leave without Python's shutdown: a gloo worker thread can still be releasing the last
-    # collective (which holds ``go``) as the interpreter finalizes; the release then needs
-    # the GIL and the rank aborts with "terminate called without an active exception"
-    # (SIGABRT; once in about 35 runs on 2 cores, pytorch/pytorch#179291).
-    faulthandler.cancel_dump_traceback_later()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # Without Python's shutdown, where a gloo thread still releasing the last collective
+    # (which holds ``go``) could abort this rank; CI saw it.
+    leave(0)
 
 
 def _free_port() -> int:

@@ -412,6 +412,10 @@ if args.process_index == 0:
     logs = [e for e in trainer.state.log_history if "grad_norm" in e]
     with open(f"{sys.argv[1]}/logs.json", "w") as file:
         json.dump(logs, file)
+# Leave as gradscope's own ranks do: a gloo thread still releasing the Trainer's last
+# collective as Python shuts down can abort a rank (SIGABRT; pytorch/pytorch#179291).
+from gradscope.core.distributed.worker import leave
+leave(0)
 """
 
 

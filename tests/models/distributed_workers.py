@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gradscope.core.distributed.worker import leave
+
 WORKER_SECONDS = 90
 
 
@@ -56,17 +58,10 @@ def init(rank: int, world: int, port: int) -> None:
 
 def finish() -> None:
     """Ends a rank whose facts are written: it meets the others, then leaves without Python's
-    shutdown. A gloo worker thread can still be releasing the last collective's work when the
-    interpreter finalizes; if that work holds a tensor whose Python object torch keeps alive,
-    the release needs the GIL, the thread is ended mid-unwind and the rank aborts with
-    "terminate called without an active exception" (SIGABRT). Seen once in about 35 runs on 2
-    cores; pytorch/pytorch#179291 describes it."""
+    shutdown (see ``leave``: a gloo thread can abort the rank as the interpreter finalizes)."""
     dist.barrier()
     dist.destroy_process_group()
-    faulthandler.cancel_dump_traceback_later()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(0)
 
 
 def ddp_nan_loop(

@@ -191,17 +191,25 @@ def main(argv: list[str]) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     if error is not None:
-        # Exit at once: a clean shutdown could wait on ranks that are still in a collective;
-        # the launcher sees the failure and ends the others.
-        os._exit(1)
+        # At once: a clean shutdown could wait on ranks that are still in a collective; the
+        # launcher sees the failure and ends the others.
+        leave(1)
     dist.destroy_process_group()
+    leave(0)
+
+
+def leave(code: int) -> NoReturn:
+    """Ends a rank's process now, its output flushed, without Python's shutdown: for a rank
+    whose work is written. A gloo worker thread can still be releasing the last collective's
+    work (here the step's stop flag) as the interpreter finalizes; when that work holds a
+    tensor whose Python object torch keeps alive, the release needs the GIL, the thread is
+    ended mid-unwind and the rank aborts with "terminate called without an active exception"
+    (SIGABRT) after a whole run (pytorch/pytorch#179291; about once in 35 runs of the
+    benchmark's FSDP case on 2 cores). Test and benchmark ranks end through it too."""
     faulthandler.cancel_dump_traceback_later()
-    # Leave without Python's shutdown too: everything is handed over and flushed, and a gloo
-    # worker thread can still be releasing the last collective's work (the step's stop flag)
-    # as the interpreter finalizes; that release needs the GIL, and the rank then aborts with
-    # "terminate called without an active exception" (SIGABRT) after a whole run
-    # (pytorch/pytorch#179291; the benchmark's FSDP worker hit it once in about 35 runs).
-    os._exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _step(runner: StepRunner | None) -> int | None:

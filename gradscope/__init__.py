@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from gradscope._version import __version__
 
 if TYPE_CHECKING:
     from gradscope.core.watch import GradientWatch

@@ -72,3 +72,106 @@ def test_engine_cli_and_app_import_no_optional_library_unless_asked():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _gradscope_import_graph() -> dict[str, set[str]]:
+    """Every gradscope module's imports of gradscope modules, wherever the import stands:
+    at the top, inside a function, or under ``if TYPE_CHECKING:`` (a type-only import still
+    ties the two files together)."""
+    paths = {_module_name(p): p for p in (REPO / "gradscope").rglob("*.py")}
+
+    def known(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    kept = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*kept, base] if base else kept)
+                # ``from package import submodule`` imports the submodule.
+                names = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names
+                ]
+            else:
+                continue
+            for name in names:
+                found = known(name)
+                if found is not None and found != module:
+                    targets.add(found)
+        graph[module] = targets
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_among_gradscope_modules():
+    graph = _gradscope_import_graph()
+    circles = _circles(graph)
+    described = [
+        "; ".join(f"{m} -> {sorted(graph[m] & set(circle))}" for m in circle) for circle in circles
+    ]
+    assert not circles, "import circles:\n" + "\n".join(described)
+
+
+def test_the_circle_finder_sees_function_and_type_only_imports(tmp_path, monkeypatch):
+    # The finder itself, on a package whose only circle runs through a function-level import
+    # and a TYPE_CHECKING one.
+    package = tmp_path / "gradscope"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from gradscope.b import g\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gradscope import a\n"
+    )
+    (package / "c.py").write_text("import gradscope.a\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert _circles(_gradscope_import_graph()) == [["gradscope.a", "gradscope.b"]]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gradscope.core.origin import Origin
+from gradscope.core.facts import Origin
 
 FLOAT16_MAX = 65504.0
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradscope.core.origin import Origin
-from gradscope.core.watch import (
+from gradscope.core.facts import (
     STATUS_NAMES,
     STATUS_NONFINITE,
     STATUS_OK,
+    Origin,
     StepStats,
     is_flagged,
 )
@@ -259,7 +259,8 @@ class RunHistory:
         for row in np.flatnonzero(((status != before) & is_flagged(status)).any(axis=1)):
             step, stats = steps[row][0], all_stats[row]
             self.events.extend(
-                status_onsets(step, layer_names, status[row], before[row], stats.grad_norm))
+                status_onsets(step, layer_names, status[row], before[row], stats.grad_norm)
+            )
         self._previous_status.update(zip(layer_names, status[-1].tolist(), strict=True))
         self.count += count
 

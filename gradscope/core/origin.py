@@ -40,7 +40,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,100 +49,10 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-if TYPE_CHECKING:
-    from gradscope.core.watch import StepStats
+from gradscope.core.facts import SAMPLES_SHOWN, Origin, SourceLocation, StepStats
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _GRADSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_POSITIONS_SHOWN = 5
-
-
-@dataclass
-class SourceLocation:
-    file: str
-    line: int
-    code: str
-
-
-@dataclass
-class Origin:
-    """The first non-finite value of a step.
-
-    ``phase``: "input" (the batch itself held it), "forward", "loss" or "backward"; "unknown"
-    when the diagnosis re-run could not say (``details["reason"]`` says why and what to do);
-    or "update" when the weights were already non-finite before the step's forward (an
-    optimizer update wrote them; ``step`` is then the step whose update did it and ``tensor``
-    the parameter's name). ``module``: dotted module path ("" is the root), None when the
-    value was made outside the model (loss code) or came with the batch.
-    ``tensor``: "output", "input grad", "<param>.grad" (relative to the module), "loss", or
-    for the input phase the path in the batch (``inputs[0]``, ``inputs["numeric"]``,
-    ``target``). ``kind``: "nan" or "inf".
-    ``op``, ``file``, ``line`` and ``code`` name the operation and the line of user code that
-    made it, when the tracer saw it.
-    """
-
-    step: int
-    phase: str
-    module: str | None
-    tensor: str
-    kind: str
-    op: str | None = None
-    file: str | None = None
-    line: int | None = None
-    code: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def describe(self) -> str:
-        if self.phase == "unknown":
-            reason = self.details.get("reason") or "the re-run did not say"
-            return f"step {self.step}: {self.kind.upper()}, origin not located: {reason}"
-        if self.phase == "input":
-            bad = self.details.get("count")
-            kind = "NaN" if self.kind == "nan" else "Inf"
-            where = (
-                "the batch"
-                if self.details.get("source", "batch") == "batch"
-                else "the model's arguments"
-            )
-            text = f"step {self.step}: {kind} already in the input ({where}), {self.tensor}"
-            if bad:
-                text += f": {bad} {kind}"
-                samples = self.details.get("samples") or []
-                if samples:
-                    shown = ", ".join(str(s) for s in samples[:_POSITIONS_SHOWN])
-                    more = "..." if len(samples) > _POSITIONS_SHOWN else ""
-                    text += f" in sample{'s' if len(samples) > 1 else ''} {shown}{more}"
-            return text
-        if self.phase == "update" and self.details.get("at_start"):
-            return (
-                f"step {self.step}: the weights of module {self.module or '(model root)'!r} "
-                f"were already {self.kind.upper()} at the first step (never initialised, or "
-                "loaded so)"
-            )
-        if self.phase == "loss" and self.module is None and self.details.get("reproduced") is False:
-            # From the statistics alone: the loss was non-finite, but nothing says who made it.
-            return (
-                f"step {self.step}: the loss was {self.kind.upper()} (not re-run: the model's "
-                "forward or the loss code made it)"
-            )
-        where = (
-            "outside the model (loss code)"
-            if self.module is None
-            else (f"module {self.module or '(model root)'!r}")
-        )
-        text = (
-            f"step {self.step}: first {self.kind.upper()} in {self.phase}, {where}, {self.tensor}"
-        )
-        if self.op:
-            text += f", op {self.op}"
-        if self.file:
-            text += f" at {self.file}:{self.line}"
-            if self.code:
-                text += f"  ({self.code.strip()})"
-        return text
 
 
 def _is_user_file(filename: str) -> bool:
@@ -717,7 +627,7 @@ def _input_origin(step: int, bad: list[_BadTensor], kind: str, source: str) -> O
     if data.dim():
         samples = torch.unique(positions[:, 0]).tolist()[:20]
     origin = Origin(step, "input", None, first.path, kind)
-    shown = positions[:_POSITIONS_SHOWN].tolist()
+    shown = positions[:SAMPLES_SHOWN].tolist()
     # the values of the batch tensors at fault; the first also says where (these reach the
     # JSON report, which writes an origin's values)
     values = [{"path": b.path, **tensor_summary(b.tensor)} for b in chosen[:4]]

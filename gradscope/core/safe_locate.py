@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from gradscope.core.origin import Origin, locate_first_nonfinite, origin_from_statistics
+from gradscope.core.facts import STATUS_NONFINITE, Origin, StepStats
+from gradscope.core.origin import locate_first_nonfinite, origin_from_statistics
 from gradscope.core.wrappers import running_locally, sharded_reason, unwrap_model
-
-if TYPE_CHECKING:
-    from gradscope.core.watch import StepStats
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -146,8 +144,6 @@ def locate_safely(
 
 
 def _nonfinite_layers(stats: StepStats, layer_names: list[str]) -> list[str]:
-    from gradscope.core.watch import STATUS_NONFINITE
-
     return [layer_names[i] for i in np.flatnonzero(stats.status == STATUS_NONFINITE).tolist()]
 
 

@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from gradscope.core.user_warnings import warn_user
@@ -149,32 +148,6 @@ def flat_shards(model: torch.nn.Module) -> tuple[dict[int, FlatShard], bool]:
 def flattened_by_fsdp(param: torch.Tensor) -> bool:
     """Whether FSDP1 has taken the parameter into a unit (its data became a flat view)."""
     return bool(getattr(param, "_fsdp_flattened", False))
-
-
-@dataclass
-class RankFacts:
-    """Per rank (indexed by rank): the loss (NaN when not given), whether it was given, and
-    whether the rank's own batch or loss held NaN/Inf."""
-
-    loss: np.ndarray
-    loss_given: np.ndarray
-    batch_nonfinite: np.ndarray
-
-    @property
-    def broken(self) -> list[int]:
-        """Ranks whose own batch or loss went non-finite at this step."""
-        bad = self.batch_nonfinite | (self.loss_given & ~np.isfinite(self.loss))
-        return np.flatnonzero(bad).tolist()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "loss": [
-                float(v) if given else None
-                for v, given in zip(self.loss.tolist(), self.loss_given.tolist(), strict=True)
-            ],
-            "batch_nonfinite": self.batch_nonfinite.tolist(),
-            "broken": self.broken,
-        }
 
 
 JOIN_SECONDS = 30.0

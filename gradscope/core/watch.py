@@ -31,8 +31,23 @@ import torch
 from torch import nn
 
 from gradscope.core.errors import GradScopeError
+from gradscope.core.facts import (
+    STATUS_EXPLODING,
+    STATUS_FROZEN,
+    STATUS_NAMES,
+    STATUS_NO_GRADIENT,
+    STATUS_NONFINITE,
+    STATUS_OK,
+    STATUS_SKIPPED,
+    STATUS_VANISHING,
+    LayerInfo,
+    Origin,
+    RankFacts,
+    StepStats,
+    is_flagged,
+)
 from gradscope.core.module_tree import select_layers
-from gradscope.core.origin import Origin, float_tensors, loss_from_output
+from gradscope.core.origin import float_tensors, loss_from_output
 from gradscope.core.safe_locate import locate_safely, statistics_origin
 from gradscope.core.sharded import (
     FACT_SLOTS,
@@ -41,7 +56,6 @@ from gradscope.core.sharded import (
     SUM,
     FlatShard,
     RankExchange,
-    RankFacts,
     flat_shards,
     flattened_by_fsdp,
     full_numel,
@@ -51,29 +65,6 @@ from gradscope.core.sharded import (
 )
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.wrappers import named_layers, named_parameters, unwrap_model
-
-# Ordered by severity, so the worst status of a layer over steps is their maximum: a layer
-# that is frozen or got no gradient is less alarming than one that is ok.
-# "skipped": the layer's scaled gradients overflowed on a step that the loss scaler skips (an
-# expected event in mixed precision, not a failure).
-(
-    STATUS_FROZEN,
-    STATUS_NO_GRADIENT,
-    STATUS_OK,
-    STATUS_SKIPPED,
-    STATUS_VANISHING,
-    STATUS_EXPLODING,
-    STATUS_NONFINITE,
-) = range(7)
-STATUS_NAMES = (
-    "frozen",
-    "no gradient",
-    "ok",
-    "skipped",
-    "vanishing",
-    "exploding",
-    "nonfinite",
-)
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # By accumulation dtype: the max |g| under which squares underflow and a norm (torch's own
@@ -92,68 +83,6 @@ _SMALL_NUMEL = 4096
 _PYTHON_SUMS = 1024
 
 
-@dataclass(frozen=True)
-class LayerInfo:
-    """A watched layer: a module and the parameters its statistics cover."""
-
-    name: str
-    type_name: str
-    param_names: tuple[str, ...]
-    num_params: int
-    # Parameters this layer shares with a layer listed before it (tied weights): their
-    # gradients are in this layer's statistics, their count is in the earlier layer's.
-    tied: tuple[str, ...] = ()
-
-
-@dataclass
-class StepStats:
-    """One step's statistics, as plain numpy (safe to send across threads and processes).
-
-    Arrays are indexed like ``GradientWatch.layers`` (per layer) or
-    ``GradientWatch.param_names`` (per parameter). ``update_ratio`` is None until the
-    optimizer step it measures has run (and stays None when the option is off).
-    ``origin``: where this step's NaN/Inf came from, on the first step of each NaN/Inf
-    episode (None on every other step).
-    """
-
-    step: int
-    loss: float | None
-    total_grad_norm: float
-    grad_norm: np.ndarray
-    # None on steps without detail (see ``GradientWatch(detail_every=...)``).
-    max_abs: np.ndarray | None
-    weight_norm: np.ndarray | None
-    nan_count: np.ndarray
-    inf_count: np.ndarray
-    status: np.ndarray
-    param_grad_norm: np.ndarray
-    update_ratio: np.ndarray | None = None
-    loss_nonfinite: bool = False
-    unwatched_nonfinite: bool = False
-    origin: Origin | None = None
-    # Mixed precision with a loss scaler (``watch(model, scaler=...)``): the scale of this
-    # step; whether its scaled gradients overflowed so that the scaler skips it (an expected
-    # event: not ``nonfinite``); whether the scale has collapsed (a real failure).
-    loss_scale: float | None = None
-    skipped: bool = False
-    scale_collapsed: bool = False
-    # Under torch.distributed: every rank's loss and whether its own batch or loss went
-    # non-finite (``ranks.broken``), from the step's one all_gather.
-    ranks: RankFacts | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def nonfinite(self) -> bool:
-        """True when anything of this step, watched or not, is NaN or Inf (a step the loss
-        scaler skips is not, unless the scale has collapsed)."""
-        return (
-            self.scale_collapsed
-            or self.loss_nonfinite
-            or self.unwatched_nonfinite
-            or bool((self.status == STATUS_NONFINITE).any())
-        )
-
-
 def classify(
     grad_norm: np.ndarray,
     nonfinite_count: np.ndarray,
@@ -167,11 +96,6 @@ def classify(
         status[grad_norm > explode_threshold] = STATUS_EXPLODING
     status[(nonfinite_count > 0) | np.isnan(grad_norm)] = STATUS_NONFINITE
     return status
-
-
-def is_flagged(status: np.ndarray | int) -> np.ndarray | bool:
-    """Statuses worth an alarm: vanishing, exploding, nonfinite."""
-    return np.asarray(status) >= STATUS_VANISHING
 
 
 @dataclass

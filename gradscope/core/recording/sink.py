@@ -17,19 +17,16 @@ import sys
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from gradscope.core.errors import GradScopeError
+from gradscope.core.facts import Origin, StepStats, WatchView
 from gradscope.core.module_tree import build_module_tree
 from gradscope.core.recording.format import SUFFIX
 from gradscope.core.recording.writer import RecordingWriter
 from gradscope.core.user_warnings import warn_user
-
-if TYPE_CHECKING:
-    from gradscope.core.origin import Origin
-    from gradscope.core.watch import GradientWatch, StepStats
 
 
 def _distributed_rank() -> tuple[int, int]:
@@ -113,7 +110,7 @@ class RecordingSink:
 
     def __init__(
         self,
-        watch: GradientWatch,
+        watch: WatchView,
         path: str | os.PathLike[str],
         settings: Mapping[str, Any] | None = None,
         *,
@@ -153,7 +150,7 @@ class RecordingSink:
     def path(self) -> Path:
         return self.writer.path
 
-    def on_step(self, watch: GradientWatch, stats: StepStats) -> None:
+    def on_step(self, watch: WatchView, stats: StepStats) -> None:
         if self._device == "meta":
             first = next(iter(watch.model.parameters()), None)
             if first is not None and first.device.type != "meta":

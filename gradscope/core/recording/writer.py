@@ -34,14 +34,15 @@ from typing import Any
 
 import numpy as np
 
+from gradscope._version import __version__
 from gradscope.core.errors import GradScopeError
+from gradscope.core.facts import STATUS_FROZEN, STATUS_OK, LayerInfo, Origin, StepStats
 from gradscope.core.history import (
     _to_float32,
     statistic_rows,
     status_onsets,
 )
 from gradscope.core.module_tree import ModuleTree
-from gradscope.core.origin import Origin
 from gradscope.core.recording.format import (
     _FLAG_LOSS_GIVEN,
     _FLAG_LOSS_NONFINITE,
@@ -65,12 +66,6 @@ from gradscope.core.recording.lock import (
     STALE_SECONDS,
     _describe_writer,
     _lock_is_held,
-)
-from gradscope.core.watch import (
-    STATUS_FROZEN,
-    STATUS_OK,
-    LayerInfo,
-    StepStats,
 )
 
 # -- writing ------------------------------------------------------------------------------
@@ -232,12 +227,10 @@ class RecordingWriter:
     def _header(
         tree: ModuleTree | None, settings: Mapping[str, Any] | None, info: Mapping[str, Any]
     ) -> list[tuple[str, list[tuple[Any, ...]]]]:
-        import gradscope
-
         meta: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
-            "gradscope_version": gradscope.__version__,
+            "gradscope_version": __version__,
             "created": time.time(),
             "finished": 0,
             "rows": 0,

@@ -95,9 +95,10 @@ def test_a_collapsing_scale_is_a_failure_with_an_origin():
         seen.append((stats.loss_scale, stats.skipped, stats.nonfinite))
         scaler.step(optimizer)
         scaler.update()
-    # 4, 2, 1: skipped as designed; 0.5: below the collapse threshold (1.0), a failure.
+    # 4, 2, 1: skipped as designed; 0.5: below the collapse threshold (1.0), a failure and
+    # so not skipped (a loop that passes over skipped steps must not pass over it).
     assert seen[:3] == [(4.0, True, False), (2.0, True, False), (1.0, True, False)]
-    assert seen[3] == (0.5, True, True)
+    assert seen[3] == (0.5, False, True)
     assert [o.step for o in watch.origins] == [3]
     origin = watch.origins[0]
     assert origin.details["scale_collapse"] == 0.5
@@ -162,7 +163,8 @@ def test_gradscope_run_amp_healthy_and_collapsing(write_script, tmp_path, capsys
     data = json.loads(report.read_text())
     origin = data["first_nonfinite"]
     assert origin["module"] == "2" and origin["phase"] == "backward"
-    assert data["skipped_steps"] == list(range(data["steps_run"]))  # every step overflowed
+    # Every step overflowed: skipped as designed, until the scale collapsed (a failure).
+    assert data["skipped_steps"] == list(range(data["steps_run"] - 1))
     assert data["loss_scale"][-1] < 1.0
 
     bf16 = main(["run", str(healthy), "--amp", "bf16", "--steps", "2"])

@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from gradscope.core import watch as watch_module
 from gradscope.core.watch import (
     STATUS_EXPLODING,
     STATUS_NAMES,
@@ -21,15 +20,20 @@ from gradscope.core.watch import (
     STATUS_VANISHING,
     GradientWatch,
 )
+from gradscope.core.watch import binding as binding_module
+from gradscope.core.watch import figures as figures_module
 
 
-@pytest.fixture(autouse=True, params=["per-tensor", "fused"])
+@pytest.fixture(autouse=True, params=["per-tensor", "fused", "unstacked"])
 def engine_path(request, monkeypatch):
-    """Every test runs both ways the engine computes statistics: per tensor (dot products
-    and aminmax, the CPU path) and fused ``_foreach_norm`` calls (the CUDA path), forced
-    onto CPU here so that it is checked without a GPU."""
+    """Every test runs each way the engine computes statistics: small tensors stacked per
+    shape and large ones' max |g| by aminmax per tensor (the CPU path); fused
+    ``_foreach_norm`` calls for the large ones (the CUDA path), forced onto CPU here so that
+    it is checked without a GPU; and no tensor stacked (every one read as a large one)."""
     if request.param == "fused":
-        monkeypatch.setattr(watch_module, "_PER_TENSOR_DEVICES", ())
+        monkeypatch.setattr(figures_module, "PER_TENSOR_DEVICES", ())
+    if request.param == "unstacked":
+        monkeypatch.setattr(binding_module, "SMALL_NUMEL", 0)
     return request.param
 
 

@@ -510,10 +510,10 @@ def test_a_timed_out_rerun_still_restores_gradients_and_buffers():
 
 @pytest.mark.parametrize("small", [True, False])
 def test_sparse_embedding_that_stores_nothing(small, monkeypatch):
-    import gradscope.core.watch as watch_module
+    from gradscope.core.watch import binding as binding_module
 
-    if not small:  # the per-tensor (BLAS) path as well as the fused one
-        monkeypatch.setattr(watch_module, "_SMALL_NUMEL", 0)
+    if not small:  # the per-tensor (BLAS) path as well as the stacked one
+        monkeypatch.setattr(binding_module, "SMALL_NUMEL", 0)
     embedding = nn.Embedding(10, 4, sparse=True, padding_idx=0)
     watch = gradscope.watch(embedding, detail_every=1)
     embedding(torch.zeros(3, dtype=torch.long)).sum().backward()  # only padding: nnz 0

@@ -1,0 +1,467 @@
+"""The gradient watch: per-layer gradient statistics for every step, at the cost of a few
+batched tensor ops and one host transfer per step, and the origin of each NaN/Inf.
+
+This class only coordinates; each idea has its own module in this package: which parameters
+are read and how they are grouped (binding), the tensor reads (figures, reads), exact figures
+on rare steps (exact), per-layer aggregation (layers) and status (status), NaN/Inf episodes
+(episodes), mixed precision (loss_scale), the update ratio (update_ratio), torch.distributed
+(distributed), and where a step goes (sinks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from gradscope.core.errors import GradScopeError
+from gradscope.core.facts import (
+    STATUS_NONFINITE,
+    LayerInfo,
+    Origin,
+    StepStats,
+)
+from gradscope.core.origin import float_tensors
+from gradscope.core.sharded import RankExchange, local
+from gradscope.core.user_warnings import warn_user
+from gradscope.core.watch.binding import Binding, bind
+from gradscope.core.watch.distributed import UnreducedCheck, fact_device
+from gradscope.core.watch.episodes import Episodes
+from gradscope.core.watch.exact import ExactReads
+from gradscope.core.watch.figures import accumulation_dtype, squares_of
+from gradscope.core.watch.host import to_host
+from gradscope.core.watch.layers import absent_status, layer_max, layer_norms, layer_sums
+from gradscope.core.watch.loss_scale import judge_scaled_step, scale_divisors
+from gradscope.core.watch.reads import Transfer, launch, place
+from gradscope.core.watch.sinks import Sinks
+from gradscope.core.watch.status import StatusTracker, classify
+from gradscope.core.watch.update_ratio import UpdateRatio
+from gradscope.core.wrappers import unwrap_model
+
+
+class GradientWatch:
+    """Collect per-layer gradient statistics after each backward pass, and say where each
+    NaN/Inf came from.
+
+    ``layers``: None (every module owning parameters, frozen ones included: their status is
+    ``frozen`` until they are unfrozen), or module names / glob patterns. A selected module
+    that owns no parameters of its own is watched over its whole subtree's parameters.
+    Thresholds classify each layer as ok, vanishing (norm below ``vanish_threshold``),
+    exploding (above ``explode_threshold``) or nonfinite; a layer whose parameters got no
+    gradient this step is ``no gradient``, one whose parameters are all frozen ``frozen``.
+    Statistics: each layer's gradient L2 norm (and each parameter's), the loss, the total
+    norm, NaN/Inf detection and the status at every step; max |g|, the weight norm and the
+    update ratio every ``detail_every``-th step (default 10; 1 for every step), and always
+    on a step that goes non-finite or changes a layer's status. Steps without detail hold
+    None there (never NaN, which means non-finite).
+    ``update_ratio=True`` also measures ||Δw||/||w|| of each (detail) optimizer step; pass
+    ``optimizer`` (or a list of them) so that happens by itself (otherwise call
+    :meth:`measure_update` after ``optimizer.step()``); it costs a copy of the watched
+    weights and one more transfer.
+
+    ``model`` may be wrapped (DistributedDataParallel, DataParallel, ``torch.compile``):
+    layer names are those of the model inside, and the diagnosis re-run calls that model
+    directly (no collective, no recompilation).
+
+    NaN/Inf: the first step of each NaN/Inf episode (a non-finite step after a finite one)
+    gets ``stats.origin``. With ``locate`` given to :meth:`collect` the step is re-run with
+    instruments (module, op, line); at most ``max_located`` episodes are re-run per watch,
+    each for at most ``locate_timeout`` seconds. The re-run never raises into the training
+    loop and never runs a collective (see :mod:`gradscope.core.safe_locate`).
+
+    ``scaler``: the ``torch.amp.GradScaler`` of a mixed-precision loop. Statistics are then
+    of the true, unscaled gradients whether or not ``scaler.unscale_`` ran before
+    :meth:`collect` (the reduced figures are divided by the scale: no extra pass), a step
+    whose scaled gradients overflowed is ``stats.skipped`` (not a failure, no origin), and
+    ``stats.loss_scale`` is the scale. A non-finite loss is still a failure (the scaler would
+    skip it forever), and so is a scale that halves below ``scale_collapse_below`` (1.0).
+
+    Under torch.distributed (DDP, FSDP2) every rank gets the whole model's statistics: DDP
+    gradients are already all-reduced; FSDP2's sharded ones are reduced from each rank's
+    shard with one ``all_gather`` of a small vector per step (never a gather of tensors). The
+    same gather brings ``stats.ranks``: each rank's loss and whether its batch or loss went
+    non-finite. Every rank must call :meth:`collect` at every step, as it calls
+    ``backward``. A watch made on one rank only (``if rank == 0``) is noticed when it is made
+    (through the process group's store, within 30 s) and then runs no collective; pass
+    ``collectives=False`` to say so at once (no per-rank facts, and sharded statistics of
+    this rank's shards only), or ``collectives=True`` to skip the check.
+
+    ``record="runs/x.gsrec"`` adds a recording sink (``settings``: a JSON-able dict stored
+    with it; ``overwrite=True`` replaces an existing recording, otherwise a new numbered name
+    is chosen); ``sinks`` are further objects with ``on_step(watch, stats)`` and ``close()``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: str | Iterable[str] | None = None,
+        *,
+        explode_threshold: float = 1000.0,
+        vanish_threshold: float = 1e-7,
+        update_ratio: bool = False,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+        locate_timeout: float = 120.0,
+        max_located: int = 20,
+        scaler: Any = None,
+        scale_collapse_below: float = 1.0,
+        collectives: bool | None = None,
+        detail_every: int = 10,
+        record: str | os.PathLike[str] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        commit_seconds: float = 1.0,
+        sinks: Sequence[Any] = (),
+    ) -> None:
+        self.wrapped_model = model
+        model = unwrap_model(model)
+        self.model = model
+        self.explode_threshold = float(explode_threshold)
+        self.vanish_threshold = float(vanish_threshold)
+        self.update_ratio_enabled = update_ratio
+        self.scaler = scaler
+        self.scale_collapse_below = float(scale_collapse_below)
+        if int(detail_every) < 1:
+            raise GradScopeError(f"detail_every must be >= 1, not {detail_every}")
+        self.detail_every = int(detail_every)
+        self.statuses = StatusTracker()
+        if isinstance(layers, str):
+            layers = [layers]
+        self._layers_spec = None if layers is None else list(layers)
+        # torch.distributed: statistics of sharded parameters and the per-rank facts travel
+        # in one all_gather per step (see gradscope.core.sharded); none without it.
+        if collectives is False:
+            self.exchange = None
+        else:
+            self.exchange = RankExchange.current(verify=collectives is None)
+        # FSDP1 under no_sync(): each rank holds its own whole, unreduced gradients; then
+        # nothing of theirs is summed over the ranks.
+        self.check_unreduced = UnreducedCheck()
+        self.unreduced = False
+        self.rebind()
+        if layers is not None and self.layers and not any(p.requires_grad for p in self._params):
+            warn_user(
+                f"gradscope.watch: layers={list(layers)!r} match only frozen layers "
+                "(requires_grad=False); they show as frozen until they are unfrozen"
+            )
+        self._step = 0
+        self._collected = 0  # steps collected by this watch (its step numbering may be set)
+        self.update = UpdateRatio(self.exchange, self.fact_device)
+        self.last: StepStats | None = None
+        self.episodes = Episodes(int(max_located), float(locate_timeout))
+        self._handles: list[Any] = []
+        self._kinds_cache: tuple[Any, torch.Tensor] | None = None
+        # The optimizers that write the weights: an "update" origin names them, and with
+        # update_ratio their steps are measured. A runner that replaces its optimizer
+        # updates this list.
+        if optimizer is None:
+            self.optimizers: list[torch.optim.Optimizer] = []
+        elif isinstance(optimizer, (list, tuple)):
+            self.optimizers = list(optimizer)
+        else:
+            self.optimizers = [optimizer]
+        if update_ratio:
+            for each in self.optimizers:
+                self._handles.append(each.register_step_post_hook(lambda *_: self.measure_update()))
+        self.sinks = Sinks(sinks)
+        self.recording: Any = None
+        if record is not None:
+            from gradscope.core.recording.sink import RecordingSink
+
+            try:
+                sink = RecordingSink(
+                    self,
+                    record,
+                    settings,
+                    overwrite=overwrite,
+                    commit_seconds=commit_seconds,
+                )
+            except BaseException:
+                self.close()
+                raise
+            self.recording = sink.writer
+            self.sinks.add(sink)
+        elif settings is not None:
+            raise GradScopeError("settings= is stored in a recording; pass record= too")
+
+    # -- what is watched -------------------------------------------------------------------
+    def rebind(self) -> None:
+        """Find the watched layers and their parameters again (see binding)."""
+        self.binding: Binding = bind(
+            self.model, self._layers_spec, exchanged=self.exchange is not None
+        )
+        self.layers: list[LayerInfo] = self.binding.layers
+        self.param_names: list[str] = self.binding.param_names
+        self._params = self.binding.params
+        # Weight figures of parameters without a gradient are not read again each step
+        # (a frozen backbone's weights do not change): the last ones read stand for them.
+        self.weight_norm = self._read_weight_norms()
+
+    @torch.no_grad()
+    def _read_weight_norms(self) -> np.ndarray:
+        norms = np.zeros(len(self._params))
+        for group in self.binding.groups:
+            if group.params[0].device.type == "meta":  # no values yet (deferred init)
+                continue
+            if group.sharded:
+                squares = squares_of([local(p) for p in group.params])
+                if self.exchange is not None:
+                    squares = self.exchange.all_reduce_sum(squares)
+                norms[group.index_array] = to_host((squares / group.replicas).sqrt())
+                continue
+            values = torch._foreach_norm(group.params, 2, dtype=accumulation_dtype(group.params[0]))
+            norms[group.index_array] = to_host(torch.stack(values).double())
+        return norms
+
+    @property
+    def step(self) -> int:
+        """Index the next collected step will get."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        # A runner that replaces or rewinds its watch keeps the step numbering going; a
+        # rewound run starts a new timeline, so a NaN after it is a new episode.
+        self._step = int(value)
+        self.episodes.in_episode = False
+        self.statuses.forget()
+
+    @property
+    def on_every_rank(self) -> bool:
+        """Under torch.distributed, whether every rank made this watch (and so it exchanges
+        figures and facts with them)."""
+        return self.exchange is not None
+
+    @property
+    def origins(self) -> list[Origin]:
+        """The origins of the first NaN/Inf episodes (the first 200; later ones are counted
+        in ``episodes.origins_dropped``)."""
+        return self.episodes.origins
+
+    @property
+    def first_origin(self) -> Origin | None:
+        """The origin of the first NaN/Inf episode, or None."""
+        return self.origins[0] if self.origins else None
+
+    @property
+    def path(self) -> Path | None:
+        """The recording's path, when the watch records."""
+        return self.recording.path if self.recording is not None else None
+
+    def fact_device(self) -> torch.device:
+        return fact_device(self.exchange)
+
+    def kinds_tensor(self, kinds: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """The exchange's reduction kinds as a device tensor, made once per layout."""
+        cached = self._kinds_cache
+        if cached is None or cached[0] != (kinds, device):
+            cached = ((kinds, device), torch.tensor(kinds, dtype=torch.int8, device=device))
+            self._kinds_cache = cached
+        return cached[1]
+
+    # -- collection ------------------------------------------------------------------------
+    def _detail_due(self) -> bool:
+        return self._step % self.detail_every == 0
+
+    def launch(self, loss: Any = None, *, batch: Any = None) -> list[Transfer]:
+        """Queue every statistic's computation and the device-to-host copies; no host
+        synchronisation happens here (see gradscope.core.watch.reads)."""
+        return launch(self, loss, batch, detail=self._detail_due(), facts=True)
+
+    def collect(
+        self,
+        loss: Any = None,
+        *,
+        locate: Callable[[], Any] | None = None,
+        batch: Any = None,
+    ) -> StepStats:
+        """This step's statistics. Call after ``loss.backward()`` and before
+        ``optimizer.step()`` (and before any in-place clipping, to see the raw gradients).
+
+        ``loss``: the loss tensor, or the model output carrying it (``output.loss``); it is
+        recorded without a second synchronisation. ``locate``: a function that rebuilds this
+        step's loss from the same batch (``lambda: criterion(model(x), y)``, with the same
+        autocast and micro-batch); when this step starts a NaN/Inf episode it is re-run with
+        instruments and ``stats.origin`` says the module, operation and line. It is never
+        called on finite steps. ``batch``: the step's batch, checked for NaN/Inf data.
+        """
+        return self.resolve(self.launch(loss, batch=batch), locate=locate, batch=batch)
+
+    @torch.no_grad()
+    def resolve(
+        self,
+        transfers: list[Transfer],
+        *,
+        locate: Callable[[], Any] | None = None,
+        batch: Any = None,
+    ) -> StepStats:
+        """Wait for the copies queued by :meth:`launch` (the step's one synchronisation),
+        turn them into per-layer numpy statistics, find the origin of a new NaN/Inf episode
+        and hand the step to the sinks."""
+        figures = place(self, transfers)
+        binding = self.binding
+        n_params = len(binding.params)
+        exact = ExactReads(binding, self.exchange, self.unreduced)
+        param_norm, param_max = figures.param_norm, figures.param_max
+        unwatched_sq = figures.unwatched_sq
+        suspicious = ~(np.isfinite(param_norm) & np.isfinite(param_max))
+        counted = bool(suspicious.any())
+        nan_per_param = inf_per_param = None
+        if counted:
+            nan_per_param = np.zeros(n_params, dtype=np.int64)
+            inf_per_param = np.zeros(n_params, dtype=np.int64)
+            exact.count_nonfinite(
+                np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
+            )
+        if figures.imprecise:
+            # One read for all of them (a vanishing step flags many parameters).
+            flagged = np.concatenate(figures.imprecise)
+            param_norm[flagged] = exact.norms(flagged)
+        if figures.unwatched_bad:
+            unwatched_sq += exact.unwatched_squares(figures.unwatched_bad)
+        divisor = 1.0
+        if figures.scale is not None:
+            # Gradients still scaled by the loss scaler: the true ones are 1/scale of them.
+            divisor, unwatched_divisor = scale_divisors(
+                self.scaler, self.optimizers, binding.params, figures.scale
+            )
+            with np.errstate(invalid="ignore", over="ignore"):
+                param_norm = param_norm / divisor
+                unwatched_sq = unwatched_sq / unwatched_divisor**2
+
+        layers = len(binding.offsets)
+        with np.errstate(over="ignore", invalid="ignore"):
+            grad_norm, watched_sq = layer_norms(binding, param_norm)
+            total = float(np.sqrt(watched_sq + unwatched_sq))
+        if counted:
+            nan_count = layer_sums(binding, nan_per_param)
+            inf_count = layer_sums(binding, inf_per_param)
+        else:  # the common step: nothing to count
+            nan_count = np.zeros(layers, dtype=np.int64)
+            inf_count = np.zeros(layers, dtype=np.int64)
+        status = classify(
+            grad_norm, nan_count + inf_count, self.explode_threshold, self.vanish_threshold
+        )
+        if not figures.has_grad.all() or binding.has_empty_layers:
+            with_grad = layer_sums(binding, figures.has_grad.astype(np.intp))
+            without = np.flatnonzero(with_grad == 0)
+            if len(without):
+                status[without] = absent_status(binding, without)
+        loss_value = figures.loss
+        loss_nonfinite = loss_value is not None and not np.isfinite(loss_value)
+        unwatched_nonfinite = not np.isfinite(unwatched_sq)
+        skipped = collapsed = False
+        if figures.scale is not None:
+            scaled = judge_scaled_step(
+                status,
+                scale=figures.scale,
+                collapse_below=self.scale_collapse_below,
+                loss_nonfinite=loss_nonfinite,
+                batch_nonfinite=_batch_nonfinite(batch, status, unwatched_nonfinite),
+                unwatched_nonfinite=unwatched_nonfinite,
+            )
+            skipped, collapsed = scaled.skipped, scaled.collapsed
+            unwatched_nonfinite = scaled.unwatched_nonfinite
+        # Decided from the statuses alone under sharding: every rank then takes the same
+        # decision (the second read exchanges figures); a rank's own loss could differ.
+        trouble = not binding.sharded and (loss_nonfinite or unwatched_nonfinite or collapsed)
+        if not figures.detail and (
+            trouble or self.statuses.changed(status) or (status == STATUS_NONFINITE).any()
+        ):
+            # A step that goes wrong or changes status always gets the detail: read it now.
+            # Sharded groups too (one more collective), when every rank takes this decision
+            # from the same reduced figures; with mixed sharding they had it already.
+            again = place(
+                self,
+                launch(
+                    self,
+                    None,
+                    None,
+                    detail=True,
+                    facts=False,
+                    sharded=not (binding.mixed_sharding or self.unreduced),
+                ),
+            )
+            param_max = np.where(again.has_grad, again.param_max, param_max)
+            figures.detail = True
+        self.statuses.keep(status)
+        max_abs = weight_norm = None
+        if figures.detail:
+            with np.errstate(over="ignore", invalid="ignore"):
+                max_abs = layer_max(binding, param_max / divisor)
+                weight_norm = layer_norms(binding, self.weight_norm)[0]
+        stats = StepStats(
+            step=self._step,
+            loss=loss_value,
+            total_grad_norm=total,
+            grad_norm=grad_norm,
+            max_abs=max_abs,
+            weight_norm=weight_norm,
+            nan_count=nan_count,
+            inf_count=inf_count,
+            status=status,
+            param_grad_norm=param_norm,
+            loss_nonfinite=loss_nonfinite,
+            unwatched_nonfinite=unwatched_nonfinite,
+            loss_scale=figures.scale,
+            skipped=skipped,
+            scale_collapsed=collapsed,
+            ranks=figures.ranks,
+        )
+        self._step += 1
+        self._collected += 1
+        self.last = stats
+        self.episodes.follow(
+            stats,
+            model=self.wrapped_model,
+            layer_names=[layer.name for layer in self.layers],
+            locate=locate,
+            batch=batch,
+            sharded=binding.sharded,
+            rank=None if self.exchange is None else self.exchange.rank,
+            optimizers=self.optimizers,
+            first_collected=self._collected == 1,
+        )
+        self.sinks.on_step(self, stats)
+        return stats
+
+    def measure_update(self) -> np.ndarray | None:
+        """After ``optimizer.step()``: ||Δw||/||w|| per layer for the last collected step.
+        Under sharding (FSDP) the sums of this rank's parts are reduced with the next
+        step's exchange instead, so it returns None and ``update_ratio`` of that step's
+        stats is filled in by the next :meth:`collect` (before the sinks see that step)."""
+        return self.update.measure(self.binding, self.last)
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush and close the sinks (a recording's last steps; every sink, even when one
+        raises) and remove every hook this watch added (the statistics themselves need
+        none)."""
+        try:
+            self.sinks.close()
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+
+    def __enter__(self) -> GradientWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _batch_nonfinite(batch: Any, status: np.ndarray, unwatched_nonfinite: bool) -> bool:
+    """Whether the step's batch holds NaN/Inf, looked at only on a step whose gradients went
+    non-finite under a loss scaler (rare: one host read then): bad data is a failure, not
+    the scaler's overflow."""
+    if batch is None or not (unwatched_nonfinite or (status == STATUS_NONFINITE).any()):
+        return False
+    tensors = [t for t in float_tensors(batch) if t.numel()]
+    if not tensors:
+        return False
+    return bool(torch.stack([~torch.isfinite(t).all() for t in tensors]).any())

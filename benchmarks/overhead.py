@@ -110,6 +110,8 @@ class Case:
     target: float | None
     budget_s: float
     target_detail1: float | None = None  # the watch with detail_every=1
+    momentum: float = 0.9  # the SGD optimizer's
+    warmup_steps: int = 0  # plain steps before the timed rounds (a deep model's gradients vanish)
 
 
 def _mlp(device: torch.device):
@@ -172,11 +174,22 @@ class _ManySmall(nn.Module):
         return x
 
 
-def _many_small(device: torch.device):
+def _many_small(device: torch.device, batch: int = 32):
     model = _ManySmall().to(device)
-    x = torch.randn(32, 16, device=device)
-    y = torch.randint(0, 16, (32,), device=device)
+    x = torch.randn(batch, 16, device=device)
+    y = torch.randint(0, 16, (batch,), device=device)
     return model, x, y, nn.functional.cross_entropy
+
+
+def _vanishing_tanh(device: torch.device):
+    """200 x (Linear(8, 8) + Tanh): per-layer norms from 1e-20 down to 1e-35 and below."""
+    layers: list[nn.Module] = []
+    for _ in range(200):
+        layers += [nn.Linear(8, 8), nn.Tanh()]
+    model = nn.Sequential(*layers).to(device)
+    x = torch.randn(32, 8, device=device)
+    y = torch.randn(32, 8, device=device)
+    return model, x, y, nn.functional.mse_loss
 
 
 def cases(device: torch.device) -> list[Case]:
@@ -197,8 +210,29 @@ def cases(device: torch.device) -> list[Case]:
             _many_small,
             30,
             4,
-            1.30,
+            1.15,
             100,
+        ),
+        Case(
+            "many_layers_b8",
+            "3,000 small layers at batch 8, SGD without momentum, after 20 warm-up steps "
+            "(many tiny gradients)",
+            lambda device: _many_small(device, batch=8),
+            30,
+            4,
+            1.25,
+            100,
+            momentum=0.0,
+            warmup_steps=20,
+        ),
+        Case(
+            "vanishing",
+            "200 x (Linear(8,8) + Tanh), batch 32 (vanishing gradients)",
+            _vanishing_tanh,
+            30,
+            8,
+            1.25,
+            60,
         ),
         Case(
             "transformer",
@@ -284,7 +318,11 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
     torch.manual_seed(0)
     model, x, y, loss_fn = case.build(device)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=case.momentum)
+    for _ in range(case.warmup_steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        optimizer.step()
     watch = gradscope.watch(model)
     watch_detail1 = gradscope.watch(model, detail_every=1)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -877,7 +915,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--models",
         nargs="*",
-        help="subset of: mlp resnet18 many_layers transformer resnet50 fsdp2_mlp fsdp2_transformer",
+        help="subset of: mlp resnet18 many_layers many_layers_b8 vanishing transformer resnet50 "
+        "fsdp2_mlp fsdp2_transformer",
     )
     parser.add_argument(
         "--distributed",

@@ -60,6 +60,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, help="random seed (default 0)")
     add("--explode-threshold", type=float, help="grad norm above this is exploding (1000)")
     add("--vanish-threshold", type=float, help="grad norm below this is vanishing (1e-7)")
+    add(
+        "--vanish-steps",
+        type=int,
+        metavar="N",
+        help="vanishing once under the threshold for N consecutive steps (default 3)",
+    )
     add("--update-ratio", action="store_true", default=None, help="also measure ||dw||/||w||")
     add(
         "--detail-every",

@@ -80,7 +80,10 @@ def test_stacked_reads_cover_shapes_in_batches_and_keep_parameter_order(monkeypa
     for k, layer in enumerate(model):
         expected = max(float(layer.weight.grad.abs().max()), float(layer.bias.grad.abs().max()))
         assert stats.max_abs[k] == expected
-        squares = layer.weight.double().square().sum() + layer.bias.double().square().sum()
+        squares = (
+            layer.weight.detach().double().square().sum()
+            + layer.bias.detach().double().square().sum()
+        )
         assert stats.weight_norm[k] == pytest.approx(math.sqrt(float(squares)), rel=1e-6)
 
 
@@ -117,3 +120,33 @@ def test_close_closes_every_sink_even_when_one_raises():
     with pytest.raises(OSError, match="disk full"):
         watch.close()
     assert log == [first, second]
+
+
+def _collect_with_gradient_scale(watch, model, scales):
+    statuses = []
+    for scale in scales:
+        model.zero_grad()
+        (model(torch.ones(2, 3)).sum() * scale).backward()
+        statuses.append(int(watch.collect().status[0]))
+    return statuses
+
+
+def test_vanishing_is_a_state_of_three_consecutive_measured_steps():
+    from gradscope.core.facts import STATUS_OK, STATUS_VANISHING
+
+    model = nn.Linear(3, 1)
+    ok, vanishing = STATUS_OK, STATUS_VANISHING
+    # Exactly 0 at the first step only (a fresh model's zero-initialised scale): no alarm.
+    watch = gradscope.watch(model)
+    assert _collect_with_gradient_scale(watch, model, [0.0, 1.0, 1.0]) == [ok, ok, ok]
+    # Under the threshold from the start: vanishing at the third step, and it stays so;
+    # one step above it resets the count.
+    watch = gradscope.watch(model)
+    scales = [1e-12] * 5 + [1.0] + [1e-12] * 3
+    expected = [ok, ok, vanishing, vanishing, vanishing, ok, ok, ok, vanishing]
+    assert _collect_with_gradient_scale(watch, model, scales) == expected
+    # The setting: vanish_steps=1 is the momentary status.
+    watch = gradscope.watch(model, vanish_steps=1)
+    assert _collect_with_gradient_scale(watch, model, [1e-12, 1.0]) == [vanishing, ok]
+    with pytest.raises(Exception, match="vanish_steps must be >= 1"):
+        gradscope.watch(model, vanish_steps=0)

@@ -268,6 +268,7 @@ class StepRunner:
             layers,
             explode_threshold=self.settings.explode_threshold,
             vanish_threshold=self.settings.vanish_threshold,
+            vanish_steps=self.settings.vanish_steps,
             update_ratio=self.settings.update_ratio,
             scaler=self.scaler,
             detail_every=self.settings.detail_every,

@@ -34,6 +34,8 @@ class RunSettings:
     seed: int = 0
     explode_threshold: float = 1000.0
     vanish_threshold: float = 1e-7
+    # Vanishing is a state: under the threshold for this many consecutive measured steps.
+    vanish_steps: int = 3
     image_size: int = 224
     layers: list[str] | None = None
     keep_going: bool = False
@@ -75,6 +77,8 @@ class RunSettings:
             problems.append(f"loss scale must be finite, not {self.loss_scale}")
         if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
             problems.append(f"clip must be a positive max norm, not {self.clip}")
+        if self.vanish_steps < 1:
+            problems.append(f"vanish steps must be >= 1, not {self.vanish_steps}")
         if self.detail_every < 1:
             problems.append(f"detail every must be >= 1, not {self.detail_every}")
         if not 0 <= self.rewind_depth <= 1000:

@@ -13,8 +13,8 @@ from gradscope.core.facts import Origin, RankFacts
 from gradscope.core.origin import float_tensors
 from gradscope.core.sharded import KEEP, MAX, SUM, local
 from gradscope.core.user_warnings import warn_user
-from gradscope.core.watch.binding import ParameterGroup
 from gradscope.core.watch import figures as tensor_reads
+from gradscope.core.watch.binding import ParameterGroup
 from gradscope.core.watch.figures import squares_of, values_of
 
 

@@ -51,9 +51,10 @@ class GradientWatch:
     ``layers``: None (every module owning parameters, frozen ones included: their status is
     ``frozen`` until they are unfrozen), or module names / glob patterns. A selected module
     that owns no parameters of its own is watched over its whole subtree's parameters.
-    Thresholds classify each layer as ok, vanishing (norm below ``vanish_threshold``),
-    exploding (above ``explode_threshold``) or nonfinite; a layer whose parameters got no
-    gradient this step is ``no gradient``, one whose parameters are all frozen ``frozen``.
+    Thresholds classify each layer as ok, vanishing (norm below ``vanish_threshold`` for
+    ``vanish_steps`` consecutive measured steps, 3 by default), exploding (above
+    ``explode_threshold``) or nonfinite; a layer whose parameters got no gradient this step
+    is ``no gradient``, one whose parameters are all frozen ``frozen``.
     Statistics: each layer's gradient L2 norm (and each parameter's), the loss, the total
     norm, NaN/Inf detection and the status at every step; max |g|, the weight norm and the
     update ratio every ``detail_every``-th step (default 10; 1 for every step), and always
@@ -103,6 +104,7 @@ class GradientWatch:
         *,
         explode_threshold: float = 1000.0,
         vanish_threshold: float = 1e-7,
+        vanish_steps: int = 3,
         update_ratio: bool = False,
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         locate_timeout: float = 120.0,
@@ -128,7 +130,10 @@ class GradientWatch:
         if int(detail_every) < 1:
             raise GradScopeError(f"detail_every must be >= 1, not {detail_every}")
         self.detail_every = int(detail_every)
-        self.statuses = StatusTracker()
+        if int(vanish_steps) < 1:
+            raise GradScopeError(f"vanish_steps must be >= 1, not {vanish_steps}")
+        self.vanish_steps = int(vanish_steps)
+        self.statuses = StatusTracker(self.vanish_steps)
         if isinstance(layers, str):
             layers = [layers]
         self._layers_spec = None if layers is None else list(layers)
@@ -346,11 +351,14 @@ class GradientWatch:
         status = classify(
             grad_norm, nan_count + inf_count, self.explode_threshold, self.vanish_threshold
         )
+        measured = np.ones(layers, dtype=bool)
         if not figures.has_grad.all() or binding.has_empty_layers:
             with_grad = layer_sums(binding, figures.has_grad.astype(np.intp))
             without = np.flatnonzero(with_grad == 0)
             if len(without):
                 status[without] = absent_status(binding, without)
+                measured[without] = False
+        self.statuses.persist(status, measured)
         loss_value = figures.loss
         loss_nonfinite = loss_value is not None and not np.isfinite(loss_value)
         unwatched_nonfinite = not np.isfinite(unwatched_sq)

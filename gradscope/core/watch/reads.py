@@ -29,6 +29,7 @@ import torch
 from gradscope.core.facts import RankFacts
 from gradscope.core.origin import loss_from_output
 from gradscope.core.sharded import FACT_SLOTS
+from gradscope.core.watch import figures as tensor_reads
 from gradscope.core.watch.binding import Binding, ParameterGroup
 from gradscope.core.watch.distributed import (
     UnreducedCheck,
@@ -37,7 +38,6 @@ from gradscope.core.watch.distributed import (
     read_rank_facts,
     shard_parts,
 )
-from gradscope.core.watch import figures as tensor_reads
 from gradscope.core.watch.figures import (
     accumulation_dtype,
     stacked_max,

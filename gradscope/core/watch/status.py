@@ -29,11 +29,29 @@ def classify(
 
 
 class StatusTracker:
-    """The statuses of the last collected step: whether this step's differ decides whether
-    a step without detail reads it (a status change always gets the detail)."""
+    """What a status needs from earlier steps: vanishing is a persistent state, a layer's
+    norm under the threshold for ``vanish_steps`` consecutive measured steps (a fresh model's
+    gradients can be exactly 0 at its first step: timm's zero-initialised last BN scale,
+    ConvNeXt's layer scale of 1e-6; that is no alarm); and the last step's statuses, since a
+    step whose statuses differ gets the detail."""
 
-    def __init__(self) -> None:
+    def __init__(self, vanish_steps: int = 3) -> None:
+        self.vanish_steps = int(vanish_steps)
         self.previous: np.ndarray | None = None
+        # Per layer: consecutive measured steps under the vanish threshold so far.
+        self._below: np.ndarray | None = None
+
+    def persist(self, status: np.ndarray, measured: np.ndarray) -> None:
+        """Turn this step's momentary "vanishing" into "ok" until it has lasted
+        ``vanish_steps`` measured steps (in place). ``measured``: the layers that got a
+        gradient this step; the others keep their count."""
+        below = self._below
+        if below is None or len(below) != len(status):
+            below = np.zeros(len(status), dtype=np.int64)
+        vanishing = status == STATUS_VANISHING
+        below = np.where(vanishing, below + 1, np.where(measured, 0, below))
+        self._below = below
+        status[vanishing & (below < self.vanish_steps)] = STATUS_OK
 
     def changed(self, status: np.ndarray) -> bool:
         return self.previous is None or not np.array_equal(status, self.previous)
@@ -44,3 +62,4 @@ class StatusTracker:
     def forget(self) -> None:
         """A new timeline (a rewind, a replaced watch): no status before it."""
         self.previous = None
+        self._below = None

@@ -74,8 +74,8 @@ RULES: tuple[Rule, ...] = (
     softmax_fully_masked.hint,
     softmax_of_inf.hint,
     nonfinite_input_to_nan.hint,
-    half_overflow.hint,
     exp_overflow.hint,
+    half_overflow.hint,
     loss_overflow.hint,
     overflow.hint,
 )

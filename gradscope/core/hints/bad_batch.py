@@ -37,12 +37,10 @@ def hint(origin: Origin) -> str | None:
         else "An overflow while preparing it (a log of 0, a division by 0, a float16 cast of "
         "a value above 65,504) is the usual cause. "
     )
-    inside = details.get("model_origin")
     return (
         start
         + cause
         + "Find the sample in the dataset (the positions start with the sample index), then "
         "filter or repair it there; assert torch.isfinite(x).all() in the Dataset's "
         "__getitem__ catches the next one. torch.nan_to_num only hides it, as a stopgap."
-        + (f" (Where it first showed inside the model: {inside}.)" if inside else "")
     )

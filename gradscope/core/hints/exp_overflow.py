@@ -20,9 +20,15 @@ def hint(origin: Origin) -> str | None:
     largest = max_abs(inputs)
     if limit is None or largest <= limit:
         return None
+    wider = exp_limit("float32") or limit
+    in_float32 = (
+        f" float32 would be fine (its limit is {wider:.3g}): run this part in float32."
+        if dtype in ("float16", "bfloat16") and largest <= wider
+        else ""
+    )
     return (
         f"{where(origin)} overflowed: its largest input is {largest:.3g}, and exp of anything "
         f"above {limit:.3g} is Inf in {dtype}. Subtract the maximum before exp (the logsumexp "
         "trick; torch.softmax, log_softmax and logsumexp do it), compute it in log space, or "
-        "clamp the input (x.clamp_max(" + f"{limit * 0.9:.3g}" + "))."
+        f"clamp the input (x.clamp_max({limit * 0.9:.3g}))." + in_float32
     )

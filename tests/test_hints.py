@@ -246,6 +246,7 @@ def test_default_loss_evidence_the_op_ran_in_gradscopes_default_loss():
     text = _chosen(origin, default_loss)
     assert "Your script has no loss_fn, so GradScope's default MSE loss ran" in text
     assert "overflowed to Inf" in text
+    assert "GradScope's default loss (your script has no loss_fn)" in origin.describe()
 
 
 # -- forward values ---------------------------------------------------------------------------

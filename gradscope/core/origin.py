@@ -138,6 +138,8 @@ class Origin:
             if self.module is None
             else (f"module {self.module or '(model root)'!r}")
         )
+        if (self.details.get("evidence") or {}).get("default_loss"):
+            where = "GradScope's default loss (your script has no loss_fn)"
         text = (
             f"step {self.step}: first {self.kind.upper()} in {self.phase}, {where}, {self.tensor}"
         )

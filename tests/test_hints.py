@@ -232,6 +232,13 @@ def test_reduction_of_too_few_evidence_std_over_one_element():
     assert locate_first_nonfinite(model, lambda: model(torch.randn(2)).sum()) is None
 
 
+def test_reduction_of_too_few_evidence_mean_over_an_empty_selection():
+    # a masked mean over a batch where the mask keeps nothing
+    origin = _locate(lambda h: h[h > 100].mean(), torch.randn(4))
+    text = _chosen(origin, reduction_of_too_few)
+    assert "reduced over 0 elements with a correction of 0" in text and "0/0" in text
+
+
 def test_default_loss_evidence_the_op_ran_in_gradscopes_default_loss():
     from gradscope.core.loading import load_with_settings
     from gradscope.core.runner import StepRunner

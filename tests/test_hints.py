@@ -38,6 +38,7 @@ from gradscope.core.hints import (
     mask_aggregated,
     mask_reached_loss,
     nonfinite_input_to_nan,
+    outside_domain,
     overflow,
     reciprocal_of_zero,
     reduction_of_too_few,
@@ -362,8 +363,14 @@ def test_overflow_evidence_inf_from_finite_inputs_not_an_exp():
     assert "exp" not in text
 
 
+def test_outside_domain_evidence_acos_input_above_one():
+    origin = _locate(lambda h: torch.acos(h * 1.5), torch.ones(2))
+    text = _chosen(origin, outside_domain)
+    assert "outside its domain [-1, 1] (min 1.5, max 1.5)" in text
+
+
 def test_unsure_evidence_nan_from_finite_inputs_says_what_it_knows_and_stops():
-    origin = _locate(lambda h: torch.acos(h * 10), torch.ones(2))
+    origin = _locate(lambda h: torch.erfinv(h * 2), torch.ones(2))
     assert origin.kind == "nan"
     text = hints.hint_for(origin)
     assert text == unsure.hint(origin) == origin.details["hint"]

@@ -465,3 +465,31 @@ def test_a_masked_logit_at_the_target_is_made_by_the_cross_entropy(masked_target
         return
     assert (origin.phase, origin.kind, origin.op) == ("loss", "inf", "F.cross_entropy")
     assert mask_aggregated.hint(origin) == origin.details["hint"]
+
+
+def test_mask_aggregated_evidence_addmm_reduces_its_matrices_not_its_bias():
+    class AddmmMix(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(4, 2))
+            self.bias = nn.Parameter(torch.zeros(2))
+
+        def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+            return torch.addmm(self.bias, x.masked_fill(~keep, -math.inf), self.weight)
+
+    model = AddmmMix()
+    x, keep = torch.randn(3, 4), torch.tensor([True, False, True, True])
+    origin = locate_first_nonfinite(model, lambda: model(x, keep).sum())
+    assert (origin.phase, origin.module, origin.kind, origin.op) == (
+        "forward",
+        "",
+        "inf",
+        "torch.addmm",
+    )
+    assert "3 masked entries (now -inf)" in _chosen(origin, mask_aggregated)
+    # an additive -inf mask as addmm's first tensor is only added: no origin of its own
+    mask = torch.zeros(3, 2).masked_fill(torch.tensor([[True, False]] * 3), -math.inf)
+    scores = torch.addmm(mask, x, torch.ones(4, 2))
+    assert torch.isinf(scores).sum() == 3
+    weights = Wrapped(lambda h: torch.softmax(torch.addmm(mask, h, torch.ones(4, 2)), dim=-1))
+    assert locate_first_nonfinite(weights, lambda: weights(x).sum()) is None

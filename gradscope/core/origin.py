@@ -600,11 +600,11 @@ class _Tracer(TorchFunctionMode):
         """The op summed or multiplied a by-design -inf (and only such Infs) into an Inf."""
         if "inf" in asked or in_flags[0]:
             return False
-        operands = self._inputs(args, kwargs)
-        reduced = aggregated_operands(func, operands)
+        # positions count with the weights in (addmm's first tensor is its bias)
+        reduced = aggregated_operands(func, float_tensors((args, kwargs)))
         if not reduced or not any(holds_inf(t) for t in reduced):
             return False
-        return self.masks.all_masks(operands)
+        return self.masks.all_masks(self._inputs(args, kwargs))
 
     def _evidence(self, func, args, kwargs, record: _OpRecord) -> dict[str, Any]:
         from gradscope.core.diagnosis import evidence_for

@@ -184,7 +184,10 @@ class Origin:
                 if self.details.get("source", "batch") == "batch"
                 else "the model's arguments"
             )
-            text = f"step {self.step}: {kind} already in the input ({where}), {self.tensor}"
+            text = (
+                f"step {self.step}: {kind} in the batch (your data), not in the model or the "
+                f"loss: already in {where}, {self.tensor}"
+            )
             if bad:
                 text += f": {bad} {kind}"
                 samples = self.details.get("samples") or []
@@ -210,6 +213,8 @@ class Origin:
             if self.module is None
             else (f"module {self.module or '(model root)'!r}")
         )
+        if (self.details.get("evidence") or {}).get("default_loss"):
+            where = "GradScope's default loss (your script has no loss_fn)"
         text = (
             f"step {self.step}: first {self.kind.upper()} in {self.phase}, {where}, {self.tensor}"
         )

@@ -290,7 +290,32 @@ class RunHistory:
         return int(rows[-1]) if len(rows) else None
 
     def worst(self, layer: str) -> str:
+        """The worst status over the run (statuses are ordered by severity)."""
         return STATUS_NAMES[int(self.worst_status[self._column[layer]])]
+
+    def _measured_statuses(self, layer: str) -> tuple[np.ndarray, np.ndarray]:
+        """The steps that measured ``layer`` and its status at each."""
+        column = self._status[: self.count, self._column[layer]]
+        seen = column != STATUS_MISSING
+        return self.step_numbers[: self.count][seen], column[seen]
+
+    def measured(self, layer: str) -> bool:
+        """Some step measured the layer (one that none did has no status at all)."""
+        return bool(len(self._measured_statuses(layer)[0])) or bool(
+            self.worst_status[self._column[layer]]
+        )
+
+    def last_status(self, layer: str) -> str | None:
+        """The status at the last step that measured the layer; None when none did."""
+        _, statuses = self._measured_statuses(layer)
+        return STATUS_NAMES[int(statuses[-1])] if len(statuses) else None
+
+    def worst_first_seen(self, layer: str) -> int | None:
+        """The step at which the layer's worst status was first seen; None when no kept
+        step shows it (no step measured the layer)."""
+        steps, statuses = self._measured_statuses(layer)
+        found = np.flatnonzero(statuses == self.worst_status[self._column[layer]])
+        return int(steps[found[0]]) if len(found) else None
 
     @property
     def steps(self) -> np.ndarray:

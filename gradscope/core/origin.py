@@ -50,6 +50,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from gradscope.core.facts import SAMPLES_SHOWN, Origin, SourceLocation, StepStats
+from gradscope.core.mask_flow import MaskProvenance, aggregated_operands, holds_inf
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _GRADSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -208,6 +209,7 @@ class _Candidate:
     outputs: list[dict[str, Any]]
     evidence: dict[str, Any] = field(default_factory=dict)
     propagated: bool = False
+    from_mask: bool = False  # an Inf made by summing or multiplying a by-design -inf
 
 
 def tensor_summary(tensor: torch.Tensor) -> dict[str, Any]:
@@ -231,6 +233,9 @@ def tensor_summary(tensor: torch.Tensor) -> dict[str, Any]:
     finite_mask = torch.isfinite(data)
     summary["nan"] = int(torch.isnan(data).sum())
     summary["inf"] = int(torch.isinf(data).sum())
+    zeros = int((data == 0).sum())
+    if zeros:
+        summary["zeros"] = zeros  # a 0/0 or a log of 0 shows here
     finite = data[finite_mask].float()
     if finite.numel():
         low, high = float(finite.min()), float(finite.max())
@@ -328,6 +333,7 @@ class _Tracer(TorchFunctionMode):
         self.labels: dict[Any, _OpRecord] = {}
         self.candidates: list[_Candidate] = []
         self.loss_fallback: _Candidate | None = None
+        self.masks = MaskProvenance()
         self.function_codes = _function_classes()
         self.function_records: dict[type, _OpRecord] = {}
         self._function_frame: Any = None
@@ -450,7 +456,16 @@ class _Tracer(TorchFunctionMode):
         out_flags = _flags(outputs)
         if not (out_flags[0] or out_flags[1]):
             return
-        kind = _new_kind(in_flags, out_flags, _asked_kinds(args, kwargs))
+        asked = _asked_kinds(args, kwargs)
+        kind = _new_kind(in_flags, out_flags, asked)
+        from_mask = False
+        if out_flags[1]:
+            # follow a by-design -inf: an op that sums or multiplies it into an Inf made it
+            if kind is None:
+                from_mask = self._aggregates_mask(func, args, kwargs, asked, in_flags)
+                kind = "inf" if from_mask else None
+            carried = kind is None and self._carries_mask(args, kwargs, asked)
+            self.masks.record(outputs, mask=carried)
         propagated = False
         if kind is None:
             # not new here; kept once as the loss's op if the loss only carried it along
@@ -473,11 +488,27 @@ class _Tracer(TorchFunctionMode):
             [tensor_summary(t) for t in outputs[:4]],
             self._evidence(func, args, kwargs, own),
             propagated,
+            from_mask,
         )
         if propagated:
             self.loss_fallback = candidate
         else:
             self.candidates.append(candidate)
+
+    def _carries_mask(self, args: tuple, kwargs: dict[str, Any], asked: frozenset[str]) -> bool:
+        return "inf" in asked or self.masks.all_masks(self._inputs(args, kwargs))
+
+    def _aggregates_mask(
+        self, func, args, kwargs, asked: frozenset[str], in_flags: tuple[bool, bool]
+    ) -> bool:
+        """The op summed or multiplied a by-design -inf (and only such Infs) into an Inf."""
+        if "inf" in asked or in_flags[0]:
+            return False
+        # positions count with the weights in (addmm's first tensor is its bias)
+        reduced = aggregated_operands(func, float_tensors((args, kwargs)))
+        if not reduced or not any(holds_inf(t) for t in reduced):
+            return False
+        return self.masks.all_masks(self._inputs(args, kwargs))
 
     def _evidence(self, func, args, kwargs, record: _OpRecord) -> dict[str, Any]:
         from gradscope.core.diagnosis import evidence_for
@@ -786,6 +817,10 @@ def _trace_step(
                 del tracer.candidates[window:]
                 return
             kind = _new_kind(in_flags, out_flags)
+            if kind is None and out_flags[1]:
+                # its Inf inputs were a mask, which one of its ops aggregated into an Inf
+                made = any(c.from_mask for c in tracer.candidates[window:])
+                kind = "inf" if made else None
             if kind is None:
                 return
             if kind == "inf" and len(tracer.candidates) == window:
@@ -981,6 +1016,8 @@ def _attach_op(origin: Origin, candidates: list[_Candidate]) -> None:
         origin.details["inside"] = chosen.record.inner
     if chosen.propagated:
         origin.details["propagated"] = True
+    if chosen.from_mask:
+        origin.details["from_mask"] = True
     _attach_location(origin, chosen.record.location)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradscope.core.origin import Origin
+from gradscope.core.facts import Origin
 
 # What a rank saw of its own step, most upstream first: a NaN/Inf in its batch explains one
 # in its forward, which explains one in its loss and then in its gradients.

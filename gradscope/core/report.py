@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from gradscope.core.facts import Origin
 from gradscope.core.history import MISSING, STATISTICS, STATUS_MISSING, RunHistory
-from gradscope.core.origin import Origin
 
 ORIGIN_FIELDS = ("step", "phase", "module", "tensor", "kind", "op", "file", "line", "code")
 
@@ -69,18 +69,28 @@ def build_report(
     rewind they need not count from 0), ``total_grad_norm`` the norm over every gradient of
     the step (null where the step was not watched), ``settings`` the run's settings as used,
     ``world_size`` the number of processes the statistics cover (null when unknown), and
-    ``error`` what stopped the run (null when it finished; ``gradscope run`` fills it). A
-    layer that no step measured has status null."""
+    ``error`` what stopped the run (null when it finished; ``gradscope run`` fills it).
+
+    Per layer, ``status`` is the worst status over the run, ``status_first_seen_step`` the
+    step at which that worst status was first seen, ``last_status`` the status at the last
+    step that measured the layer (all null for a layer no step measured), and
+    ``finite_max_grad_norm`` the largest gradient norm before the layer's first NaN/Inf
+    (null when there is none), kept beside a ``grad_norm`` series that holds the NaN."""
     layers = []
+    applied = ~history.skipped[: history.count]
     for name, type_name, params in zip(
         history.layer_names, history.layer_types, history.layer_params, strict=True
     ):
-        measured = bool((history.status_matrix()[:, history.column(name)] != STATUS_MISSING).any())
+        measured = history.measured(name)
+        finite_max = _finite_max_before_nonfinite(history.series("grad_norm", name), applied)
         entry: dict[str, Any] = {
             "name": name,
             "type": type_name,
             "params": params,
             "status": history.worst(name) if measured else None,
+            "status_first_seen_step": history.worst_first_seen(name) if measured else None,
+            "last_status": history.last_status(name),
+            "finite_max_grad_norm": None if finite_max == MISSING else json_number(finite_max),
         }
         for statistic in STATISTICS:
             entry[statistic] = _series(history.series(statistic, name))
@@ -147,11 +157,32 @@ def _format(value: float) -> str:
     return f"{value:.3e}"
 
 
+SUMMARY_HEADERS = (
+    "layer",
+    "type",
+    "params",
+    "worst status (at step)",
+    "last status",
+    "last grad norm",
+    "max grad norm",
+    "max |g|",
+)
+
+
+def _worst_cell(history: RunHistory, name: str) -> str:
+    if not history.measured(name):
+        return "-"
+    first = history.worst_first_seen(name)
+    return history.worst(name) + (f" (at {first})" if first is not None else "")
+
+
 def summary_table(history: RunHistory) -> str:
-    """Per-layer summary: last and largest gradient norm, largest |g|, worst status. The
-    largest leave out the steps a loss scaler skipped (their scaled gradients overflowed, as
-    designed, and were never applied); a NaN/Inf step counts."""
-    headers = ("layer", "type", "params", "status", "last grad norm", "max grad norm", "max |g|")
+    """Per-layer summary: the worst status over the run with the step it was first seen,
+    the last measured step's status, last and largest gradient norm, largest |g| ("-" for a
+    layer no step measured). The largest leave out the steps a loss scaler skipped (their
+    scaled gradients overflowed, as designed, and were never applied); a NaN/Inf step
+    counts, and the largest finite norm before it is kept beside it."""
+    headers = SUMMARY_HEADERS
     applied = ~history.skipped[: history.count]
     rows = []
     for name, type_name, params in zip(
@@ -161,22 +192,28 @@ def summary_table(history: RunHistory) -> str:
         measured = norms[norms != MISSING]
         last = measured[-1] if len(measured) else MISSING
         largest = _nan_aware_max(norms[(norms != MISSING) & applied])
+        largest_text = _format(largest)
+        if not math.isfinite(largest) and largest != MISSING:
+            before = _finite_max_before_nonfinite(norms, applied)
+            if before != MISSING:
+                largest_text += f" ({_format(before)} before)"
         maxima = history.series("max_abs", name)
         rows.append(
             (
                 name or "(model)",
                 type_name,
                 f"{params:,}",
-                history.worst(name),
+                _worst_cell(history, name),
+                history.last_status(name) or "-",
                 _format(last),
-                _format(largest),
+                largest_text,
                 _format(_nan_aware_max(maxima[(maxima != MISSING) & applied])),
             )
         )
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]
-    right = {2, 4, 5, 6}
+    right = {2, 5, 6, 7}
 
     def line(cells: tuple[str, ...]) -> str:
         return "  ".join(
@@ -186,6 +223,15 @@ def summary_table(history: RunHistory) -> str:
     out = [line(headers), line(tuple("-" * w for w in widths))]
     out += [line(r) for r in rows]
     return "\n".join(out)
+
+
+def _finite_max_before_nonfinite(norms: np.ndarray, applied: np.ndarray) -> float:
+    """The largest norm of the applied, measured steps before the first non-finite one;
+    MISSING when there is none."""
+    kept = norms[(norms != MISSING) & applied]
+    bad = np.flatnonzero(~np.isfinite(kept))
+    before = kept[: bad[0]] if len(bad) else kept
+    return float(before.max()) if len(before) else MISSING
 
 
 def _nan_aware_max(values: np.ndarray) -> float:

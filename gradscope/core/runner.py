@@ -25,9 +25,9 @@ from gradscope.core.errors import (
     ModelScriptError,
     out_of_memory,
 )
+from gradscope.core.facts import Origin
 from gradscope.core.loading import LoadedModel, user_traceback
 from gradscope.core.module_tree import ModuleTree, build_module_tree
-from gradscope.core.origin import Origin
 from gradscope.core.settings import RunSettings
 from gradscope.core.trace import TraceEvent, trace_step
 from gradscope.core.watch import GradientWatch, StepStats

@@ -46,6 +46,32 @@ STATUS_LABELS = {
     STATUS_EXPLODING: "exploding",
     STATUS_NONFINITE: "NaN/Inf",
 }
+# What each status means and when the engine sets it, for tooltips (the README's table).
+STATUS_MEANINGS = {
+    STATUS_FROZEN: "its parameters do not require gradients",
+    STATUS_NO_GRADIENT: "trainable, but it got no gradient at this step",
+    STATUS_OK: "its gradient norm is between the vanishing and exploding thresholds",
+    STATUS_SKIPPED: (
+        "the loss scaler skipped this step: its own scaled gradients overflowed (expected in "
+        "mixed precision; a non-finite loss or batch is NaN/Inf, never skipped)"
+    ),
+    STATUS_VANISHING: (
+        "its gradient norm stayed under the vanishing threshold for 3 consecutive measured steps"
+    ),
+    STATUS_EXPLODING: "its gradient norm is above the exploding threshold",
+    STATUS_NONFINITE: "its gradient holds NaN or Inf",
+}
+
+
+def status_tooltip(status: int | None, why: str | None = None) -> str:
+    """A status in words: its label, what it means, and why when the engine says (a tiny
+    gradient behind a zero or tiny scale). ``None``: no step measured the layer."""
+    if status is None:
+        return "no status: no step measured this layer yet"
+    text = f"{status_label(status)}: {STATUS_MEANINGS.get(status, 'a status of the engine')}"
+    return f"{text}. Why: {why}" if why else text
+
+
 # How much a status needs attention, for "the worst inside this module": the engine numbers
 # its statuses by severity (frozen < no gradient < ok < skipped < vanishing < exploding <
 # nonfinite), so the code itself ranks them.

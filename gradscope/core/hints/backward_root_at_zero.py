@@ -1,0 +1,28 @@
+"""Evidence: a sqrt/rsqrt/pow/norm backward whose saved forward values hold exact zeros (or
+saved nothing readable): the derivative 1/(2 sqrt(x)) is infinite there."""
+
+from __future__ import annotations
+
+from gradscope.core.facts import Origin
+from gradscope.core.hints.values import base_op, saved, where
+
+ROOTS = {"sqrt", "rsqrt", "pow", "norm", "vector_norm"}
+
+
+def hint(origin: Origin) -> str | None:
+    if origin.phase != "backward" or base_op(origin.op) not in ROOTS:
+        return None
+    forward = saved(origin, "result", "self")
+    if forward is not None and not forward.get("zeros"):
+        return None
+    zeros = (
+        f"; {forward['zeros']} of the values it saved from the forward are exactly 0"
+        if forward
+        else ""
+    )
+    return (
+        f"The derivative of {where(origin)} is infinite at 0 (d/dx sqrt(x) = 1/(2 sqrt(x)))"
+        f"{zeros}: the forward pass was finite but the gradient is not. Add a small "
+        "epsilon inside (sqrt(x + 1e-12)), clamp the input away from 0, or use a "
+        "safe norm that special-cases zero vectors."
+    )

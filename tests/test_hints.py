@@ -1,0 +1,495 @@
+"""One test per hint rule (gradscope/core/hints/): each builds, with real torch, the evidence
+its rule states, checks that the hint names that evidence (the values, the counts, the
+limit) and that the rule is the one chosen; most also check the rule declines the
+look-alike without that evidence. Test names say the evidence."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from models.masked_vocab import RestrictedVocabSafeLM, RestrictedVocabSmoothedLM
+from torch import nn
+
+from gradscope.core import hints
+from gradscope.core.hints import (
+    backward_divide_by_zero,
+    backward_domain_edge,
+    backward_half_overflow,
+    backward_large_derivative,
+    backward_overflow,
+    backward_root_at_zero,
+    bad_batch,
+    cross_entropy_empty_mean,
+    ctc_no_alignment,
+    custom_function,
+    default_loss,
+    division,
+    exp_overflow,
+    half_overflow,
+    log_of_negative,
+    log_of_zero,
+    loss_overflow,
+    mask_aggregated,
+    mask_reached_loss,
+    nonfinite_input_to_nan,
+    outside_domain,
+    overflow,
+    reciprocal_of_zero,
+    reduction_of_too_few,
+    root_of_negative,
+    softmax_fully_masked,
+    softmax_of_inf,
+    unsure,
+    weights_broken_by_update,
+    weights_never_initialised,
+)
+from gradscope.core.origin import Origin, locate_first_nonfinite
+
+MASKED_VOCAB = Path(sys.modules[RestrictedVocabSmoothedLM.__module__].__file__)
+
+
+class Wrapped(nn.Module):
+    """``fn(x * scale)`` with a trainable scale of 1: a model around one computation."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], dtype=torch.float32) -> None:
+        super().__init__()
+        self.fn = fn
+        self.scale = nn.Parameter(torch.ones((), dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x * self.scale)
+
+
+def _locate(fn, x: torch.Tensor, dtype=torch.float32) -> Origin:
+    model = Wrapped(fn, dtype)
+    origin = locate_first_nonfinite(model, lambda: model(x).float().sum())
+    assert origin is not None
+    return origin
+
+
+def _chosen(origin: Origin, rule) -> str:
+    """The rule's hint, which must be the one GradScope gives."""
+    text = rule.hint(origin)
+    assert text, f"{rule.__name__} declined: {origin.op} {origin.details.get('hint')}"
+    assert origin.details["hint"] == hints.hint_for(origin) == text
+    return text
+
+
+def test_every_rule_states_its_evidence():
+    for rule in (*hints.RULES, unsure.hint):
+        module = sys.modules[rule.__module__]
+        assert module.__doc__ and module.__doc__.startswith("Evidence:"), module.__name__
+
+
+# -- the batch and the weights --------------------------------------------------------------
+def test_bad_batch_evidence_nan_in_sample_3_of_the_batch():
+    model = nn.Linear(4, 1)
+    x, target = torch.randn(5, 4), torch.randn(5, 1)
+    x[3, 1] = math.nan
+    origin = locate_first_nonfinite(model, lambda: F.mse_loss(model(x), target), batch=(x, target))
+    text = _chosen(origin, bad_batch)
+    assert "in the batch (your data), not in the model or the loss" in text
+    assert "sample 3 of the batch" in text
+    assert "in the batch (your data), not in the model or the loss" in origin.describe()
+
+
+def test_weights_broken_by_update_evidence_nan_weights_before_the_forward():
+    model = nn.Linear(4, 1)
+    with torch.no_grad():
+        model.weight[0, 2] = math.nan
+    origin = locate_first_nonfinite(model, lambda: model(torch.randn(2, 4)).sum())
+    text = _chosen(origin, weights_broken_by_update)
+    assert "previous step wrote them" in text and "float16" not in text
+    half = nn.Linear(4, 1).half()
+    with torch.no_grad():
+        half.weight[0, 0] = math.inf
+    origin = locate_first_nonfinite(half, lambda: half(torch.randn(2, 4).half()).float().sum())
+    assert "eps (1e-8) rounds to 0 in float16" in _chosen(origin, weights_broken_by_update)
+
+
+def test_weights_never_initialised_evidence_nan_at_the_first_step_seen():
+    import gradscope
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[1].weight.fill_(math.nan)
+    watch = gradscope.watch(model)
+    x = torch.randn(3, 4)
+    loss = model(x).sum()
+    loss.backward()
+    origin = watch.collect(loss, locate=lambda: model(x).sum()).origin
+    text = _chosen(origin, weights_never_initialised)
+    assert "before any optimizer step" in text and "reset_parameters()" in text
+    origin.details["at_start"] = False
+    assert weights_never_initialised.hint(origin) is None
+
+
+# -- the user's own autograd.Function ---------------------------------------------------------
+class _BadBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad / (x * 0)
+
+
+def test_custom_function_evidence_its_backward_made_inf_from_a_finite_gradient():
+    origin = _locate(_BadBackward.apply, torch.randn(3))
+    assert origin.phase == "backward"
+    text = _chosen(origin, custom_function)
+    assert "backward of the custom autograd.Function _BadBackward" in text
+
+
+# -- backward ----------------------------------------------------------------------------
+def test_backward_root_at_zero_evidence_saved_forward_values_exactly_zero():
+    origin = _locate(lambda h: torch.sqrt((h * 0).pow(2).sum()), torch.randn(3))
+    text = _chosen(origin, backward_root_at_zero)
+    assert "infinite at 0" in text and "exactly 0" in text
+
+
+def test_backward_divide_by_zero_evidence_saved_denominator_zeros_under_where():
+    # the classic torch.where NaN: the masked branch's gradient is 0/0
+    def safe_ratio(h):
+        y = h * torch.tensor([1.0, 0.0, 1.0])
+        return torch.where(y != 0, h / y, torch.zeros_like(h))
+
+    origin = _locate(safe_ratio, torch.randn(3))
+    assert origin.phase == "backward"
+    text = _chosen(origin, backward_divide_by_zero)
+    assert "zero here (1 exact zeros)" in text
+
+
+def test_backward_large_derivative_evidence_no_saved_zero_and_a_large_gradient():
+    origin = _locate(lambda h: torch.sqrt(h) * 1e30, torch.full((3,), 1e-30))
+    text = _chosen(origin, backward_large_derivative)
+    assert "no forward value it saved is 0 (smallest |value| 1e-15)" in text
+    assert "arriving was up to 1e+30" in text
+    assert backward_root_at_zero.hint(origin) is None
+
+
+def test_backward_domain_edge_evidence_acos_at_one():
+    origin = _locate(lambda h: torch.acos(h / h), torch.full((2,), 0.5))
+    text = _chosen(origin, backward_domain_edge)
+    assert "infinite at +-1" in text
+
+
+def test_backward_half_overflow_evidence_float16_gradient_from_a_finite_one():
+    origin = _locate(lambda h: (h * 300) * 300, torch.full((2,), 1e-3).half(), torch.float16)
+    assert origin.phase == "backward"
+    text = _chosen(origin, backward_half_overflow)
+    assert "gradient arriving was at most 300" in text and "65,504" in text
+
+
+def test_backward_overflow_evidence_float32_gradient_from_a_finite_one():
+    origin = _locate(lambda h: (h * 1e20) * 1e20, torch.full((2,), 1e-30))
+    assert origin.phase == "backward" and origin.kind == "inf"
+    text = _chosen(origin, backward_overflow)
+    assert "arriving there was finite (largest |value| 1e+20)" in text
+
+
+# -- evidence from the op's arguments ---------------------------------------------------------
+def test_ctc_no_alignment_evidence_more_labels_than_frames():
+    torch.manual_seed(0)
+    model = nn.Linear(6, 5)
+    x = torch.randn(4, 1, 6)
+    targets = torch.tensor([[1, 2, 3, 4, 1]])
+
+    def compute_loss():
+        return F.ctc_loss(model(x).log_softmax(-1), targets, torch.tensor([4]), torch.tensor([5]))
+
+    origin = locate_first_nonfinite(model, compute_loss)
+    text = _chosen(origin, ctc_no_alignment)
+    assert "sample 0 has 5 target labels but only 4 input frames" in text
+
+
+def test_cross_entropy_empty_mean_evidence_every_target_ignored():
+    model = nn.Linear(4, 3)
+    x, target = torch.randn(2, 4), torch.tensor([-100, -100])
+    origin = locate_first_nonfinite(model, lambda: F.cross_entropy(model(x), target))
+    text = _chosen(origin, cross_entropy_empty_mean)
+    assert "every one of the 2 targets is ignore_index (-100)" in text and "0/0" in text
+
+
+@pytest.mark.filterwarnings("ignore:std.. degrees of freedom")
+def test_reduction_of_too_few_evidence_std_over_one_element():
+    # advantage normalisation with a batch of one: std divides by n - 1 = 0
+    origin = _locate(lambda h: (h - h.mean()) / h.std(), torch.randn(1))
+    assert origin.kind == "nan" and "std" in origin.op
+    text = _chosen(origin, reduction_of_too_few)
+    assert "reduced over one element with a correction of 1" in text
+    assert "1 - 1 = 0" in text and "overflow" not in text
+    # the same statistic with the correction the data allows is no origin at all
+    model = Wrapped(lambda h: (h - h.mean()) / h.std(correction=0))
+    assert locate_first_nonfinite(model, lambda: model(torch.randn(2)).sum()) is None
+
+
+def test_reduction_of_too_few_evidence_mean_over_an_empty_selection():
+    # a masked mean over a batch where the mask keeps nothing
+    origin = _locate(lambda h: h[h > 100].mean(), torch.randn(4))
+    text = _chosen(origin, reduction_of_too_few)
+    assert "reduced over 0 elements with a correction of 0" in text and "0/0" in text
+
+
+def test_default_loss_evidence_the_op_ran_in_gradscopes_default_loss():
+    from gradscope.core.loading import load_with_settings
+    from gradscope.core.runner import StepRunner
+
+    path = Path(__file__).parent.parent / "sample_models" / "exploding_gru_long_sequences.py"
+    loaded, settings = load_with_settings(str(path), {})
+    loaded.loss_fn = None
+    runner = StepRunner(loaded, settings)
+    for _ in runner.run():
+        pass
+    origin = runner.first_nonfinite
+    text = _chosen(origin, default_loss)
+    assert "Your script has no loss_fn, so GradScope's default MSE loss ran" in text
+    assert "overflowed to Inf" in text
+    assert "GradScope's default loss (your script has no loss_fn)" in origin.describe()
+
+
+# -- forward values ---------------------------------------------------------------------------
+def test_log_of_zero_evidence_input_minimum_zero():
+    text = _chosen(_locate(lambda h: torch.log(torch.relu(h) * 0), torch.randn(3)), log_of_zero)
+    assert "input minimum 0" in text
+
+
+def test_log_of_negative_evidence_input_minimum_below_zero():
+    origin = _locate(lambda h: torch.log(h - 10), torch.ones(3))
+    assert "minimum -9" in _chosen(origin, log_of_negative)
+    assert log_of_zero.hint(origin) is None
+
+
+def test_root_of_negative_evidence_input_minimum_below_zero():
+    origin = _locate(lambda h: torch.sqrt(h - 3), torch.ones(2))
+    assert "minimum -2" in _chosen(origin, root_of_negative)
+
+
+def test_reciprocal_of_zero_evidence_input_minimum_zero():
+    origin = _locate(lambda h: torch.rsqrt(h * 0), torch.ones(2))
+    assert "input minimum 0" in _chosen(origin, reciprocal_of_zero)
+
+
+def test_division_evidence_zeros_on_both_sides_is_zero_over_zero():
+    origin = _locate(lambda h: (h * 0) / (h * 0), torch.ones(3))
+    text = _chosen(origin, division)
+    assert "computed 0/0" in text and "3 exact zeros and the denominator 3" in text
+
+
+def test_division_evidence_zeros_in_the_denominator_is_x_over_zero():
+    origin = _locate(lambda h: h / (h * torch.tensor([1.0, 0.0])), torch.ones(2))
+    text = _chosen(origin, division)
+    assert "the denominator holds 1 exact zeros" in text and "0/0" not in text
+
+
+def test_softmax_fully_masked_evidence_a_row_masked_for_every_key():
+    def attention(h):
+        scores = h[:, None] * h[None, :]
+        keep = torch.ones(3, 3, dtype=torch.bool)
+        keep[1] = False
+        return torch.softmax(scores.masked_fill(~keep, -math.inf), dim=-1)
+
+    text = _chosen(_locate(attention, torch.randn(3)), softmax_fully_masked)
+    assert "-Inf for every key (batch index 1)" in text
+
+
+class _PlusInfBias(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("bias", torch.tensor([math.inf, 0.0, 0.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x + self.bias, dim=-1)
+
+
+def test_softmax_of_inf_evidence_input_maximum_plus_inf():
+    model = _PlusInfBias()
+    origin = locate_first_nonfinite(model, lambda: model(torch.randn(2, 3)).sum())
+    text = _chosen(origin, softmax_of_inf)
+    assert "holds +Inf (max inf)" in text
+
+
+def test_nonfinite_input_to_nan_evidence_minus_inf_mask_times_zero():
+    def masked_entropy(h):
+        keep = torch.tensor([True, False, True])
+        log_probs = torch.log_softmax(h.masked_fill(~keep, -math.inf), dim=-1)
+        return -(log_probs.exp() * log_probs)  # 0 * -inf at the masked token
+
+    origin = _locate(masked_entropy, torch.randn(3))
+    assert origin.kind == "nan"
+    text = _chosen(origin, nonfinite_input_to_nan)
+    assert "turned a -inf mask into NaN" in text and "multiplied by 0" in text
+
+
+def test_half_overflow_evidence_float16_output_from_inputs_below_65504():
+    origin = _locate(lambda h: (h.half() * 300) * 300, torch.ones(2))
+    text = _chosen(origin, half_overflow)
+    assert "largest |input| 300" in text and "float32 would be fine" in text
+
+
+def test_exp_overflow_evidence_input_142_above_float32_limit_88_7():
+    origin = _locate(torch.exp, torch.tensor([1.0, 142.0]))
+    text = _chosen(origin, exp_overflow)
+    assert "largest input is 142" in text and "above 88.7" in text and "float32" in text
+    half = _locate(torch.exp, torch.tensor([1.0, 12.0]).half(), torch.float16)
+    text = _chosen(half, exp_overflow)
+    assert (
+        "above 11.1" in text
+        and "float16" in text
+        and "float32 would be fine (its limit is 88.7)" in text
+    )
+
+
+def test_loss_overflow_evidence_the_loss_op_went_inf_from_finite_values():
+    model = nn.Linear(3, 1)
+    origin = locate_first_nonfinite(model, lambda: (model(torch.ones(2, 3)) * 1e38 * 1e10).sum())
+    assert origin.phase == "loss"
+    assert "too large for its dtype" in _chosen(origin, loss_overflow)
+
+
+def test_overflow_evidence_inf_from_finite_inputs_not_an_exp():
+    origin = _locate(lambda h: h * 1e30 * 1e30, torch.ones(2))
+    text = _chosen(origin, overflow)
+    assert "overflowed float32 to Inf from finite inputs (largest |input| 1e+30)" in text
+    assert "exp" not in text
+
+
+def test_outside_domain_evidence_acos_input_above_one():
+    origin = _locate(lambda h: torch.acos(h * 1.5), torch.ones(2))
+    text = _chosen(origin, outside_domain)
+    assert "outside its domain [-1, 1] (min 1.5, max 1.5)" in text
+
+
+def test_unsure_evidence_nan_from_finite_inputs_says_what_it_knows_and_stops():
+    origin = _locate(lambda h: torch.erfinv(h * 2), torch.ones(2))
+    assert origin.kind == "nan"
+    text = hints.hint_for(origin)
+    assert text == unsure.hint(origin) == origin.details["hint"]
+    assert "made the first NaN from finite inputs" in text and "no rule" in text
+    assert "overflow" not in text
+
+
+# -- -inf masks -----------------------------------------------------------------------------
+def _line(marker: str) -> int:
+    lines = MASKED_VOCAB.read_text().splitlines()
+    found = [number for number, text in enumerate(lines, 1) if marker in text]
+    assert len(found) == 1
+    return found[0]
+
+
+def _vocab_batch():
+    torch.manual_seed(0)
+    return torch.randint(0, 6, (2, 5)), torch.randint(0, 6, (2, 5))
+
+
+def test_mask_aggregated_evidence_label_smoothing_sums_a_masked_vocabulary():
+    """The -inf mask over a restricted vocabulary is by design; -log_softmax carries it as
+    +inf, and the smoothing sum over the vocabulary makes the +inf loss: that sum, in the
+    model's forward, at its line, is the origin (not the loss, not Tensor.detach)."""
+    model = RestrictedVocabSmoothedLM()
+    tokens, labels = _vocab_batch()
+    for batch in ((tokens, labels), None):
+        origin = locate_first_nonfinite(model, lambda: model(tokens, labels), batch=batch)
+        assert (origin.phase, origin.module, origin.kind, origin.op) == (
+            "forward",
+            "",
+            "inf",
+            "Tensor.sum",
+        )
+        assert origin.file == str(MASKED_VOCAB)
+        assert origin.line == _line("# <- smoothing sum")
+        text = _chosen(origin, mask_aggregated)
+        assert "60 masked entries (now +inf)" in text
+        assert "softmax, log_softmax or masked_fill consume it" in text
+
+
+def test_a_minus_inf_mask_that_softmax_and_cross_entropy_consume_is_no_error():
+    model = RestrictedVocabSafeLM()
+    tokens, labels = _vocab_batch()
+    assert math.isfinite(model(tokens, labels).item())
+    assert locate_first_nonfinite(model, lambda: model(tokens, labels)) is None
+
+
+def test_mask_aggregated_evidence_a_matrix_product_of_a_masked_matrix():
+    class MaskedMix(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            keep = torch.tensor([True, True, False, True])
+            scores = self.proj(x).masked_fill(~keep, -math.inf)
+            return scores @ torch.ones(4, 2)  # <- the masked scores, not their softmax
+
+    torch.manual_seed(0)
+    model = MaskedMix()
+    origin = locate_first_nonfinite(model, lambda: model(torch.randn(3, 4)).sum())
+    assert (origin.phase, origin.module, origin.kind) == ("forward", "", "inf")
+    assert "matmul" in origin.op and "<- the masked scores" in origin.code
+    assert "3 masked entries (now -inf)" in _chosen(origin, mask_aggregated)
+
+
+def test_mask_reached_loss_evidence_an_inf_no_traced_op_made():
+    model = nn.Linear(3, 1)
+    penalty = torch.tensor(math.inf)  # made outside the traced step
+    origin = locate_first_nonfinite(model, lambda: model(torch.ones(2, 3)).sum() + penalty)
+    assert origin.phase == "loss" and origin.details.get("propagated")
+    text = _chosen(origin, mask_reached_loss)
+    assert "already held Inf (min" in text and "no model layer made" in text
+
+
+@pytest.mark.parametrize("masked_target", [False, True])
+def test_a_masked_logit_at_the_target_is_made_by_the_cross_entropy(masked_target):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    x, target = torch.randn(2, 4), torch.tensor([0, 1])
+    keep = torch.tensor([True, True, False])
+    if masked_target:
+        target = torch.tensor([0, 2])
+
+    def compute_loss():
+        return F.cross_entropy(model(x).masked_fill(~keep, -math.inf), target)
+
+    origin = locate_first_nonfinite(model, compute_loss)
+    if not masked_target:
+        assert origin is None
+        return
+    assert (origin.phase, origin.kind, origin.op) == ("loss", "inf", "F.cross_entropy")
+    assert mask_aggregated.hint(origin) == origin.details["hint"]
+
+
+def test_mask_aggregated_evidence_addmm_reduces_its_matrices_not_its_bias():
+    class AddmmMix(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(4, 2))
+            self.bias = nn.Parameter(torch.zeros(2))
+
+        def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+            return torch.addmm(self.bias, x.masked_fill(~keep, -math.inf), self.weight)
+
+    model = AddmmMix()
+    x, keep = torch.randn(3, 4), torch.tensor([True, False, True, True])
+    origin = locate_first_nonfinite(model, lambda: model(x, keep).sum())
+    assert (origin.phase, origin.module, origin.kind, origin.op) == (
+        "forward",
+        "",
+        "inf",
+        "torch.addmm",
+    )
+    assert "3 masked entries (now -inf)" in _chosen(origin, mask_aggregated)
+    # an additive -inf mask as addmm's first tensor is only added: no origin of its own
+    mask = torch.zeros(3, 2).masked_fill(torch.tensor([[True, False]] * 3), -math.inf)
+    scores = torch.addmm(mask, x, torch.ones(4, 2))
+    assert torch.isinf(scores).sum() == 3
+    weights = Wrapped(lambda h: torch.softmax(torch.addmm(mask, h, torch.ones(4, 2)), dim=-1))
+    assert locate_first_nonfinite(weights, lambda: weights(x).sum()) is None

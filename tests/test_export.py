@@ -142,12 +142,13 @@ def test_an_unwritable_tensorboard_folder_is_a_clear_error(tmp_path):
         gradscope.watch(_model(), tensorboard=blocker / "tb")
 
 
-def test_a_missing_package_names_the_pip_install(monkeypatch):
+def test_a_missing_package_names_the_pip_install(monkeypatch, tmp_path):
     for name in [n for n in sys.modules if n.startswith("tensorboard.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an absent package gives
     with pytest.raises(GradScopeError, match=r'pip install "gradscope\[tensorboard\]"'):
-        gradscope.watch(_model(), tensorboard="unused")
+        gradscope.watch(_model(), tensorboard=tmp_path / "tb")
+    assert not (tmp_path / "tb").exists()
 
 
 # -- W&B --------------------------------------------------------------------------------

@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gradscope.core.watch import STATUS_NONFINITE
+
 if TYPE_CHECKING:
     from gradscope.core.origin import Origin
+    from gradscope.core.watch import LayerInfo, StepStats
 
 PREFIX = "gradscope"
 LAYER_STATISTICS = ("grad_norm", "max_abs", "weight_norm", "update_ratio")
@@ -58,6 +61,21 @@ def step_scalars(
     for row in rows.tolist():
         scalars[layer_tag("nonfinite", names[row])] = 1.0 if flags[row] else 0.0
     return scalars
+
+
+def stats_scalars(stats: StepStats, layers: list[LayerInfo]) -> dict[str, float]:
+    """A watch's step as scalars (the statistics the step did not measure are left out)."""
+    return step_scalars(
+        [layer.name for layer in layers],
+        stats.total_grad_norm,
+        {
+            "grad_norm": stats.grad_norm,
+            "max_abs": stats.max_abs,
+            "weight_norm": stats.weight_norm,
+            "update_ratio": stats.update_ratio,
+        },
+        stats.status == STATUS_NONFINITE,
+    )
 
 
 def origin_summary(origin: Origin) -> str:

@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 from gradscope.core.errors import GradScopeError
 from gradscope.core.export.optional_import import require
-from gradscope.core.export.scalars import FIRST_ORIGIN_TAG, PREFIX, origin_summary
-from gradscope.core.export.tensorboard_sink import stats_scalars
+from gradscope.core.export.scalars import FIRST_ORIGIN_TAG, PREFIX, origin_summary, stats_scalars
+from gradscope.core.export.step_sink import CompleteStepSink
 
 if TYPE_CHECKING:
-    from gradscope.core.watch import GradientWatch, LayerInfo, StepStats
+    from gradscope.core.watch import LayerInfo, StepStats
 
 STEP_KEY = f"{PREFIX}/step"
 
 
-class WandbSink:
+class WandbSink(CompleteStepSink):
     """Logs each step a watch collects into a W&B run (``run``: the active one by default)."""
 
     def __init__(self, run: Any = None) -> None:
@@ -33,27 +33,11 @@ class WandbSink:
             )
         self.run.define_metric(STEP_KEY)
         self.run.define_metric(f"{PREFIX}/*", step_metric=STEP_KEY)
-        self._held: tuple[StepStats, list[LayerInfo]] | None = None
         self._origin_logged = False
 
-    def on_step(self, watch: GradientWatch, stats: StepStats) -> None:
-        self._log_held()
-        if watch.update_ratio_enabled:
-            self._held = (stats, list(watch.layers))
-        else:
-            self._log(stats, watch.layers)
-
-    def _log_held(self) -> None:
-        if self._held is not None:
-            held, self._held = self._held, None
-            self._log(*held)
-
-    def _log(self, stats: StepStats, layers: list[LayerInfo]) -> None:
+    def write(self, stats: StepStats, layers: list[LayerInfo]) -> None:
         payload: dict[str, Any] = {STEP_KEY: stats.step, **stats_scalars(stats, layers)}
         if stats.origin is not None and not self._origin_logged:
             self._origin_logged = True
             payload[FIRST_ORIGIN_TAG] = origin_summary(stats.origin)
         self.run.log(payload)
-
-    def close(self) -> None:
-        self._log_held()

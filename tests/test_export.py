@@ -222,3 +222,128 @@ def test_wandb_without_a_run_says_to_start_one(monkeypatch):
     monkeypatch.setattr(wandb, "run", None)
     with pytest.raises(GradScopeError, match=r"wandb.init"):
         gradscope.watch(_model(), wandb=True)
+
+
+# -- the training-library callbacks ------------------------------------------------------
+def _lightning_module():
+    import lightning
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+        def training_step(self, batch, index):
+            x, y = batch
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)  # the user's own tag, beside GradScope's
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Module()
+
+
+def _loader() -> torch.utils.data.DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(40, 8, generator=generator), torch.randint(0, 3, (40,), generator=generator)
+    )
+    return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def _fit(tmp_path, callback, logger):
+    import lightning
+
+    torch.manual_seed(0)
+    trainer = lightning.Trainer(
+        max_steps=5,
+        accelerator="cpu",
+        logger=logger,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[callback],
+    )
+    trainer.fit(_lightning_module(), _loader())
+    with RecordingReader(callback.path) as reader:
+        return reader.load()[1]
+
+
+def test_lightning_log_to_trainer_writes_into_the_trainers_tensorboard(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from gradscope.integrations.lightning import GradScopeCallback
+
+    logger = TensorBoardLogger(tmp_path / "logs", name="exp")
+    callback = GradScopeCallback(record=tmp_path / "run.gsrec", log_to_trainer=True)
+    history = _fit(tmp_path, callback, logger)
+    events = _scalars(logger.log_dir)
+    tags = events.Tags()["scalars"]
+    assert "train_loss" in tags  # the user's own
+    for name in ("net.0", "net.2"):
+        written = _series(events, f"gradscope/grad_norm/{name}")
+        recorded = history.series("grad_norm", name).tolist()
+        assert written == dict(zip(history.steps.tolist(), recorded, strict=True))
+    assert sorted(_series(events, "gradscope/total_grad_norm")) == [0, 1, 2, 3, 4]
+
+
+def test_lightning_log_to_trainer_writes_into_a_csv_logger(tmp_path):
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from gradscope.integrations.lightning import GradScopeCallback
+
+    logger = CSVLogger(tmp_path / "logs", name="exp")
+    callback = GradScopeCallback(record=tmp_path / "run.gsrec", log_to_trainer=True)
+    history = _fit(tmp_path, callback, logger)
+    with open(f"{logger.log_dir}/metrics.csv", newline="") as file:
+        rows = [r for r in csv.DictReader(file) if r.get("gradscope/grad_norm/net.0")]
+    assert [int(r["step"]) for r in rows] == history.steps.tolist()
+    recorded = history.series("grad_norm", "net.0").tolist()
+    assert [float(r["gradscope/grad_norm/net.0"]) for r in rows] == pytest.approx(recorded)
+
+
+def test_lightning_callback_tensorboard_folder(tmp_path):
+    from gradscope.integrations.lightning import GradScopeCallback
+
+    callback = GradScopeCallback(record=tmp_path / "run.gsrec", tensorboard=tmp_path / "tb")
+    history = _fit(tmp_path, callback, False)
+    written = _series(_scalars(tmp_path / "tb"), "gradscope/grad_norm/net.2")
+    assert written == dict(
+        zip(history.steps.tolist(), history.series("grad_norm", "net.2").tolist(), strict=True)
+    )
+
+
+def test_transformers_callback_tensorboard_folder(tmp_path):
+    import transformers
+
+    from gradscope.integrations.transformers import GradScopeCallback
+
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 32, (12, 8))]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=2,
+        report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+    )  # fmt: skip
+    callback = GradScopeCallback(record=tmp_path / "hf.gsrec", tensorboard=tmp_path / "tb")
+    transformers.Trainer(
+        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=data,
+        callbacks=[callback],
+    ).train()  # fmt: skip
+    with RecordingReader(tmp_path / "hf.gsrec") as reader:
+        history = reader.load()[1]
+    events = _scalars(tmp_path / "tb")
+    name = "transformer.h.0.attn.c_attn"
+    written = _series(events, f"gradscope/grad_norm/{name}")
+    assert written == dict(
+        zip(history.steps.tolist(), history.series("grad_norm", name).tolist(), strict=True)
+    )

@@ -37,7 +37,8 @@ def _exit_code(code: object) -> int:
 def _print_user_traceback(error: BaseException) -> None:
     """The traceback Python would print, without this module's frames on top."""
     tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__):
+    ours = (__file__, runpy.__file__, "<frozen runpy>")
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
     sys.stderr.write("".join(traceback.format_exception(type(error), error, tb)))
     sys.stderr.flush()
@@ -50,7 +51,8 @@ def run_script(script: str, args: list[str]) -> int:
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
-        runpy.run_path(str(path), run_name="__main__")
+        # The absolute path, as ``python SCRIPT`` compiles it (tracebacks name it so).
+        runpy.run_path(os.path.abspath(path), run_name="__main__")
         code = 0
     except SystemExit as exit_:
         code = _exit_code(exit_.code)

@@ -143,3 +143,33 @@ def test_options_stop_at_the_script():
         ["--record", "r.gsrec", "--open"],
         ["t.py", "--record"],
     )
+
+
+def test_under_torchrun_each_rank_records_its_own_file(tmp_path):
+    record = tmp_path / "ddp.gsrec"
+    script = TESTS / "models" / "ddp_shaped.py"
+    env = dict(os.environ, PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1")
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "gradscope", "attach", "--record", str(record), str(script), "--nan-step", "2",
+        ],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 3 loss nan" in result.stdout
+    assert sorted(p.name for p in tmp_path.glob("*.gsrec")) == [
+        "ddp.rank0.gsrec",
+        "ddp.rank1.gsrec",
+    ]
+    assert "watching Sequential (2 layers)" in result.stderr
+    rank0, rank1 = _load(tmp_path / "ddp.rank0.gsrec"), _load(tmp_path / "ddp.rank1.gsrec")
+    assert rank0.steps.tolist() == rank1.steps.tolist() == [0, 1, 2, 3]
+    assert rank0.layer_names == rank1.layer_names == ["0", "2"]
+    # DDP's averaged gradients: the same figures on both ranks
+    assert (
+        rank0.series("grad_norm", "0")[:2].tolist() == rank1.series("grad_norm", "0")[:2].tolist()
+    )
+    # rank 1's own batch held the NaN
+    origin = rank1.first_nonfinite
+    assert (origin.step, origin.phase, origin.details["samples"]) == (2, "input", [5])

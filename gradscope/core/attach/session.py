@@ -32,6 +32,7 @@ from gradscope.core.attach.loss_capture import LossCapture
 from gradscope.core.attach.model_finder import ModelFinder, calls_as_batch
 from gradscope.core.errors import GradScopeError
 from gradscope.core.origin import float_tensors
+from gradscope.core.wrappers import unwrap_model
 
 SUFFIX = ".gsrec"
 
@@ -121,7 +122,7 @@ class AttachSession:
             except Exception as error:
                 entry.failed = True
                 say(
-                    f"stopped watching {type(entry.model).__name__}: "
+                    f"stopped watching {model_name(entry.model)}: "
                     f"{self._internal(error)}; the script goes on"
                 )
 
@@ -170,7 +171,7 @@ class AttachSession:
         if self.options.detail_every is not None:
             options["detail_every"] = self.options.detail_every
         tensorboard = self._tensorboard_for(model)
-        name = type(model).__name__
+        name = model_name(model)
         try:
             watch = gradscope.watch(
                 model,
@@ -203,7 +204,7 @@ class AttachSession:
         """ "" for the first model, ``.<Class>`` (``.<Class>2``...) for the next ones."""
         if not self.models:
             return ""
-        name = type(model).__name__
+        name = model_name(model)
         taken = {e.path.name for e in self.models.values() if e.path is not None}
         suffix, number = f".{name}", 1
         while any(suffix + "." in t or t.endswith(suffix + SUFFIX) for t in taken):
@@ -253,7 +254,7 @@ class AttachSession:
                 try:
                     entry.watch.close()
                 except Exception as error:
-                    say(f"closing the watch of {type(entry.model).__name__}: {error}")
+                    say(f"closing the watch of {model_name(entry.model)}: {error}")
 
     def summary(self) -> list[str]:
         """One line per watched model: steps, where it went, the first NaN/Inf."""
@@ -261,7 +262,7 @@ class AttachSession:
         for entry in self.models.values():
             if entry.watch is None:
                 continue
-            name = type(entry.model).__name__
+            name = model_name(entry.model)
             steps = entry.watch.step
             line = f"{name}: {steps} step(s)"
             if entry.path is not None:
@@ -283,6 +284,11 @@ class AttachSession:
             e.watch is not None and (e.watch.origins or (e.watch.last and e.watch.last.nonfinite))
             for e in self.models.values()
         )
+
+
+def model_name(model: nn.Module) -> str:
+    """The class of the model inside any wrapper (DDP, ``torch.compile``)."""
+    return type(unwrap_model(model)).__name__
 
 
 def _world_size() -> int:

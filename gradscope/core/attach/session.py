@@ -17,6 +17,7 @@ once to stderr and that model is no longer watched; the script goes on.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import traceback
@@ -62,18 +63,23 @@ class WatchedModel:
 
 
 def _first_nonfinite_call(calls: list[tuple[tuple, dict]]) -> tuple[tuple, dict] | None:
-    """The first call whose floating inputs hold NaN/Inf (one check per tensor, read once
-    for them all), or None."""
-    flags = []
-    for number, call in enumerate(calls):
-        for tensor in float_tensors(call):
-            if tensor.numel():
-                flags.append((number, torch.isfinite(tensor).all()))
-    if not flags:
+    """The first call whose floating inputs hold NaN/Inf, or None. One sum per tensor, read
+    once for them all (a sum is NaN/Inf when any element is; an exact check confirms the
+    rare non-finite sum, which can also be a finite overflow)."""
+    tensors = [
+        (number, tensor)
+        for number, call in enumerate(calls)
+        for tensor in float_tensors(call)
+        if tensor.numel()
+    ]
+    if not tensors:
         return None
-    finite = torch.stack([flag.to(flags[0][1].device) for _, flag in flags]).tolist()
-    bad = [number for (number, _), ok in zip(flags, finite, strict=True) if not ok]
-    return calls[bad[0]] if bad else None
+    device = tensors[0][1].device
+    sums = torch.stack([t.detach().sum().float().to(device) for _, t in tensors]).tolist()
+    for (number, tensor), total in zip(tensors, sums, strict=True):
+        if not math.isfinite(total) and not bool(torch.isfinite(tensor.detach()).all()):
+            return calls[number]
+    return None
 
 
 class AttachSession:

@@ -173,3 +173,24 @@ def test_under_torchrun_each_rank_records_its_own_file(tmp_path):
     # rank 1's own batch held the NaN
     origin = rank1.first_nonfinite
     assert (origin.step, origin.phase, origin.details["samples"]) == (2, "input", [5])
+
+
+def test_layers_and_open_reach_the_watch_and_the_app(tmp_path, monkeypatch):
+    # The app itself is the app's tests' business; here: the command attach starts.
+    from gradscope.integrations import _callback
+
+    launched = []
+
+    class StartedProcess:
+        def __init__(self, argv, **options):
+            launched.append(argv)
+
+    monkeypatch.setattr(_callback.subprocess, "Popen", StartedProcess)
+    record = tmp_path / "some.gsrec"
+    code = _attach(
+        tmp_path, "--open", "--layers", "fc*", "conv1", "--record", str(record),
+        str(MNIST), "--epochs", "1", "--samples", "64",
+    )  # fmt: skip
+    assert code == 0
+    assert _load(record).layer_names == ["conv1", "fc1", "fc2"]
+    assert [argv[1:] for argv in launched] == [["-m", "gradscope", "open", str(record)]]

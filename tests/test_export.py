@@ -191,6 +191,7 @@ def _wandb_history(run_dir) -> list[dict]:
 
 def test_wandb_offline_history_holds_the_keys(tmp_path, monkeypatch):
     import wandb
+
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = wandb.init(mode="offline", dir=str(tmp_path), project="gradscope-test")
     try:
@@ -219,6 +220,7 @@ def test_wandb_offline_history_holds_the_keys(tmp_path, monkeypatch):
 
 def test_wandb_without_a_run_says_to_start_one(monkeypatch):
     import wandb
+
     monkeypatch.setattr(wandb, "run", None)
     with pytest.raises(GradScopeError, match=r"wandb.init"):
         gradscope.watch(_model(), wandb=True)
@@ -347,3 +349,23 @@ def test_transformers_callback_tensorboard_folder(tmp_path):
     assert written == dict(
         zip(history.steps.tolist(), history.series("grad_norm", name).tolist(), strict=True)
     )
+
+
+def test_update_ratio_is_written_once_its_optimizer_step_ran(tmp_path):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    watch = gradscope.watch(
+        model, tensorboard=tmp_path / "tb", update_ratio=True, optimizer=optimizer, detail_every=1
+    )
+    collected = []
+    for _ in range(3):
+        x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        collected.append(watch.collect(loss))
+        optimizer.step()
+    watch.close()
+    written = _series(_scalars(tmp_path / "tb"), "gradscope/update_ratio/0")
+    assert all(s.update_ratio is not None for s in collected)
+    assert written == {s.step: float(np.float32(s.update_ratio[0])) for s in collected}

@@ -67,7 +67,9 @@ def test(model, device, test_loader):
             pred = output.argmax(dim=1, keepdim=True)
             correct += pred.eq(target.view_as(pred)).sum().item()
     test_loss /= len(test_loader.dataset)
-    print(f"Test set: Average loss: {test_loss:.4f}, Accuracy: {correct}/{len(test_loader.dataset)}")
+    print(
+        f"Test set: Average loss: {test_loss:.4f}, Accuracy: {correct}/{len(test_loader.dataset)}"
+    )
 
 
 def synthetic(samples, seed):
@@ -92,9 +94,7 @@ def main():
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     device = torch.device("cpu")
-    train_loader = DataLoader(
-        synthetic(args.samples, 1), batch_size=args.batch_size, shuffle=True
-    )
+    train_loader = DataLoader(synthetic(args.samples, 1), batch_size=args.batch_size, shuffle=True)
     test_loader = DataLoader(synthetic(64, 2), batch_size=args.test_batch_size)
     model = Net().to(device)
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)

@@ -177,7 +177,7 @@ def test_under_torchrun_each_rank_records_its_own_file(tmp_path):
 
 def test_layers_and_open_reach_the_watch_and_the_app(tmp_path, monkeypatch):
     # The app itself is the app's tests' business; here: the command attach starts.
-    from gradscope.integrations import _callback
+    from gradscope.core.attach import app_launch
 
     launched = []
 
@@ -185,7 +185,7 @@ def test_layers_and_open_reach_the_watch_and_the_app(tmp_path, monkeypatch):
         def __init__(self, argv, **options):
             launched.append(argv)
 
-    monkeypatch.setattr(_callback.subprocess, "Popen", StartedProcess)
+    monkeypatch.setattr(app_launch.subprocess, "Popen", StartedProcess)
     record = tmp_path / "some.gsrec"
     code = _attach(
         tmp_path, "--open", "--layers", "fc*", "conv1", "--record", str(record),

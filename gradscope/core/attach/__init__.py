@@ -6,5 +6,6 @@
 - :mod:`.session`: one watch per model, fed just before each ``optimizer.step()`` through
   torch's global optimizer-step hook;
 - :mod:`.script`: running the script as ``__main__`` with its own argv, output and exit code;
-- :mod:`.runs_folder`: where recordings go by default.
+- :mod:`.runs_folder`: where recordings go by default;
+- :mod:`.app_launch`: ``--open``, the app on the recording.
 """

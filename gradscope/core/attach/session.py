@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradscope.core.attach.app_launch import open_app
 from gradscope.core.attach.loss_capture import LossCapture
 from gradscope.core.attach.model_finder import ModelFinder, calls_as_batch
 from gradscope.core.errors import GradScopeError
@@ -201,8 +202,6 @@ class AttachSession:
         layers = len(watch.layers)
         say(f"watching {name} ({layers} layer{'s' * (layers != 1)}){where}")
         if self.options.open_app and watch.path is not None and _is_first_rank():
-            from gradscope.integrations._callback import open_app
-
             self._apps.append(open_app(watch.path))
         return entry
 

@@ -74,16 +74,17 @@ def test_a_nan_pixel_in_one_batch_is_the_input_origin_at_that_step(tmp_path, cap
     code = _attach(
         tmp_path,
         "--record", str(record), "--fail-on-nonfinite", "--detail-every", "4",
-        str(MNIST), "--epochs", "1", "--nan-batch", "4",
+        str(MNIST), "--epochs", "2", "--nan-batch", "6",
     )  # fmt: skip
     assert code == 1  # the script exited 0; --fail-on-nonfinite
     history = _load(record)
-    assert history.steps.tolist() == list(range(6))
+    assert history.steps.tolist() == list(range(12))
     origin = history.first_nonfinite
-    assert (origin.step, origin.phase) == (4, "input")
+    # the first batch of epoch 2, after the test loop's no_grad calls (not part of it)
+    assert (origin.step, origin.phase, origin.tensor) == (6, "input", "batch")
     assert origin.details["samples"] == [3]  # the image the script corrupted
     err = capfd.readouterr().err
-    assert "first non-finite value: step 4: NaN already in the input" in err
+    assert "first non-finite value: step 6: NaN already in the input" in err
     # no hook is left behind: a later model in this process is not watched
     assert not torch.nn.modules.module._global_forward_pre_hooks
     assert not optimizer_module._global_optimizer_pre_hooks

@@ -123,6 +123,8 @@ class ModelFinder:
         self._watched[key] = model.register_forward_pre_hook(keep, with_kwargs=True)
 
     def _remember(self, key: int, args: tuple, kwargs: dict) -> None:
+        if not torch.is_grad_enabled():
+            return  # an evaluation call: no gradient of the next step comes from it
         calls = self._calls.setdefault(key, [])
         calls.append(_detached(args, kwargs))
         if len(calls) > KEPT_CALLS:

@@ -276,7 +276,12 @@ class AttachSession:
             origin = entry.watch.first_origin
             if origin is not None:
                 lines.append(f"  first non-finite value: {origin.describe()}")
-        if not lines:
+        if not lines and not self._step_counts:
+            lines.append(
+                "the script called no optimizer.step(): nothing was recorded (weights "
+                "updated by hand, p.data.add_(...), are not seen)"
+            )
+        elif not lines:
             lines.append(
                 "no optimizer.step() stepped the parameters of a module called in forward: "
                 "nothing was recorded"

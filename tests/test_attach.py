@@ -195,3 +195,23 @@ def test_layers_and_open_reach_the_watch_and_the_app(tmp_path, monkeypatch):
     assert code == 0
     assert _load(record).layer_names == ["conv1", "fc1", "fc2"]
     assert [argv[1:] for argv in launched] == [["-m", "gradscope", "open", str(record)]]
+
+
+def test_parameters_of_no_module_are_said_and_nothing_is_recorded(tmp_path, capfd):
+    script = tmp_path / "bare.py"
+    script.write_text(
+        "import torch\n"
+        "w = torch.nn.Parameter(torch.ones(3))\n"
+        "opt = torch.optim.SGD([w], lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    (w * 2).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "print('done')\n"
+    )
+    assert _attach(tmp_path, "--record", str(tmp_path / "b.gsrec"), str(script)) == 0
+    captured = capfd.readouterr()
+    assert captured.out == "done\n"
+    assert "SGD steps parameters of no module called in forward" in captured.err
+    assert "no optimizer.step() stepped the parameters of a module" in captured.err
+    assert not (tmp_path / "b.gsrec").exists()

@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import traceback
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,8 +93,11 @@ class AttachSession:
         self.finder = ModelFinder()
         self.losses = LossCapture()
         self.models: dict[int, WatchedModel] = {}
-        self._resolved: dict[int, list[int]] = {}  # id(optimizer) -> ids of its models
-        self._step_counts: dict[int, int] = {}  # id(optimizer) -> its steps so far
+        # optimizer -> ids of its models, and its steps so far (weak: a script that makes
+        # a new optimizer per phase must not find an old one's models under a reused id)
+        self._resolved: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
+        self._step_counts: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.optimizer_steps = 0  # every optimizer's together
         self._hook: Any = None
         self._warned: set[str] = set()
         self._apps: list[Any] = []
@@ -107,15 +111,16 @@ class AttachSession:
 
     # -- at each optimizer.step() -----------------------------------------------------
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        key = id(optimizer)
-        index = self._step_counts.get(key, 0)
-        self._step_counts[key] = index + 1
+        index = self._step_counts.get(optimizer, 0)
+        self._step_counts[optimizer] = index + 1
+        self.optimizer_steps += 1
+        # This step's loss, whether or not its models are known yet (never the next one's).
+        loss = self.losses.take()
         try:
             models = self._models_of(optimizer, index)
         except Exception as error:  # never into the script
             self._warn_once("find", f"cannot find the models: {self._internal(error)}")
             return
-        loss = self.losses.take()
         for entry in models:
             if entry.failed:
                 continue
@@ -135,7 +140,7 @@ class AttachSession:
 
     def _models_of(self, optimizer: torch.optim.Optimizer, index: int) -> list[WatchedModel]:
         key = id(optimizer)
-        known = self._resolved.get(key)
+        known = self._resolved.get(optimizer)
         if known is not None:
             return [self.models[k] for k in known]
         stepped = [
@@ -165,7 +170,7 @@ class AttachSession:
                 entry = self._watch(model, index)
             entry.optimizers.add(key)
             entries.append(entry)
-        self._resolved[key] = [id(e.model) for e in entries]
+        self._resolved[optimizer] = [id(e.model) for e in entries]
         if all(seen in self._resolved for seen in self._step_counts):
             self.finder.stop_search()
         return entries
@@ -276,7 +281,7 @@ class AttachSession:
             origin = entry.watch.first_origin
             if origin is not None:
                 lines.append(f"  first non-finite value: {origin.describe()}")
-        if not lines and not self._step_counts:
+        if not lines and not self.optimizer_steps:
             lines.append(
                 "the script called no optimizer.step(): nothing was recorded (weights "
                 "updated by hand, p.data.add_(...), are not seen)"

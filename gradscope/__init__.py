@@ -24,6 +24,8 @@ def watch(
     *,
     record: str | os.PathLike[str] | None = None,
     settings: Mapping[str, Any] | None = None,
+    tensorboard: str | os.PathLike[str] | None = None,
+    wandb: Any = None,
     **options: Any,
 ) -> GradientWatch:
     """Watch ``model``'s gradients: call ``.collect(loss)`` after each ``loss.backward()``.
@@ -41,7 +43,27 @@ def watch(
     (with ``settings``, an optional JSON-able dict, stored alongside; an existing file gets
     a new numbered name, unless ``overwrite=True``). Call ``.close()`` at the end (or use
     ``with``) so the last steps are flushed.
+
+    ``tensorboard="runs/tb"`` writes every step's statistics as TensorBoard scalars
+    (``gradscope/grad_norm/<layer>``...; ``pip install "gradscope[tensorboard]"``);
+    ``wandb=True`` logs them into the active ``wandb.run`` (or pass a run;
+    ``pip install "gradscope[wandb]"``). See :mod:`gradscope.core.export`.
     """
     from gradscope.core.watch import GradientWatch
 
-    return GradientWatch(model, layers, record=record, settings=settings, **options)
+    sinks = list(options.pop("sinks", ()))
+    if tensorboard is not None or (wandb is not None and wandb is not False):
+        from gradscope.core.export.sinks import export_sinks
+
+        exports = export_sinks(tensorboard=tensorboard, wandb=wandb)
+        sinks.extend(exports)
+    else:
+        exports = []
+    try:
+        return GradientWatch(
+            model, layers, record=record, settings=settings, sinks=sinks, **options
+        )
+    except BaseException:
+        for sink in exports:
+            sink.close()
+        raise

@@ -549,7 +549,27 @@ def _report_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit with status 1 when the recording holds a NaN/Inf",
     )
+    _add_tensorboard_option(parser)
     return parser
+
+
+def _add_tensorboard_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write the per-layer statistics as TensorBoard scalars into DIR "
+        '(pip install "gradscope[tensorboard]")',
+    )
+
+
+def _write_tensorboard(args: argparse.Namespace, history: Any) -> None:
+    """``report --tensorboard DIR``: the recording's steps as TensorBoard events."""
+    if not getattr(args, "tensorboard", None):
+        return
+    from gradscope.core.export.tensorboard_report import write_tensorboard
+
+    written = write_tensorboard(history, args.tensorboard)
+    print(f"wrote {written} step(s) to TensorBoard events in {args.tensorboard}", file=sys.stderr)
 
 
 def report_command(argv: Sequence[str]) -> int:
@@ -610,6 +630,7 @@ def report_command(argv: Sequence[str]) -> int:
             raise GradScopeError(f"cannot write {args.json}: {error.strerror}") from None
     if args.csv:
         write_csv(history, args.csv)
+    _write_tensorboard(args, history)
     nonfinite = origin is not None or bool((history.status_matrix() == STATUS_NONFINITE).any())
     if nonfinite and args.fail_on_nonfinite:
         return EXIT_NONFINITE
@@ -674,6 +695,7 @@ def _report_rank_set(args: argparse.Namespace, recordings: Any) -> int:
             raise GradScopeError(f"cannot write {args.json}: {error.strerror}") from None
     if args.csv:
         write_csv(history, args.csv)
+    _write_tensorboard(args, history)
     nonfinite = chosen is not None or any(facts.nonfinite for facts in loaded.facts)
     if nonfinite and args.fail_on_nonfinite:
         return EXIT_NONFINITE
@@ -766,7 +788,85 @@ def open_command(argv: Sequence[str]) -> int:
     return launch(model=None, overrides={}, screenshot=args.screenshot, recording=path)
 
 
+def _attach_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gradscope attach",
+        description="Run an unmodified training script and record every model its "
+        "optimizers step, one step per optimizer.step(). The script's stdout and exit code "
+        "are its own; GradScope writes to stderr only.",
+    )
+    parser.add_argument(
+        "--record",
+        metavar="PATH",
+        help="the recording (default: a new file in the per-user runs folder); a second "
+        "model goes beside it as PATH-stem.<Class>.gsrec",
+    )
+    parser.add_argument("--open", action="store_true", help="open the app on the recording")
+    parser.add_argument("--layers", nargs="+", metavar="GLOB", help="watch only these layers")
+    parser.add_argument("--detail-every", type=int, metavar="K", help="detail every K-th step")
+    parser.add_argument(
+        "--fail-on-nonfinite",
+        action="store_true",
+        help="exit with status 1 when a NaN/Inf was recorded (and the script exited 0)",
+    )
+    parser.add_argument(
+        "--tensorboard", metavar="DIR", help="also write TensorBoard scalars into DIR"
+    )
+    parser.add_argument("script", help="the training script (.py), run as __main__")
+    parser.add_argument("args", nargs="*", help="the script's own arguments, as given")
+    return parser
+
+
+_ATTACH_VALUED = ("--record", "--detail-every", "--tensorboard")
+
+
+def _split_attach_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """GradScope's options, and ``SCRIPT ARGS...`` (never parsed: they are the script's).
+    The script is the first word that is neither an option nor an option's value; the
+    values of ``--layers`` run until the next option or the first ``.py`` word."""
+    argv = list(argv)
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":
+            return argv[:index], argv[index + 1 :]
+        if word in _ATTACH_VALUED:
+            index += 2
+        elif word == "--layers":
+            index += 1
+            while index < len(argv) and not argv[index].startswith("-"):
+                if argv[index].endswith(".py"):
+                    break
+                index += 1
+        elif word.startswith("-"):
+            index += 1
+        else:
+            break
+    return argv[:index], argv[index:]
+
+
+def attach_command(argv: Sequence[str]) -> int:
+    """``gradscope attach [options] SCRIPT [ARGS...]``."""
+    options, rest = _split_attach_argv(argv)
+    parser = _attach_parser()
+    args = parser.parse_args([*options, "--", *rest[:1]])
+    from gradscope.core.attach.command import attach
+
+    return attach(
+        args.script,
+        rest[1:],
+        record=args.record,
+        layers=args.layers,
+        detail_every=args.detail_every,
+        tensorboard=args.tensorboard,
+        open_app=args.open,
+        fail_on_nonfinite=args.fail_on_nonfinite,
+    )
+
+
 def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] == "attach":
+        return attach_command(argv[1:])
     if argv and argv[0] == "run":
         return run_command(argv[1:])
     if argv and argv[0] == "report":

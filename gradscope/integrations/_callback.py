@@ -95,12 +95,20 @@ class CallbackWatch:
         self.app: subprocess.Popen | None = None
         self.last_stats: Any = None
 
-    def start(self, model: nn.Module, folder: str | os.PathLike[str], settings: dict) -> None:
+    def start(
+        self,
+        model: nn.Module,
+        folder: str | os.PathLike[str],
+        settings: dict,
+        sinks: Sequence[Any] = (),
+    ) -> None:
         import gradscope
 
         self.close()
         self.path = recording_path(self.record, folder)
         options = dict(self.watch_options)
+        if sinks:
+            options["sinks"] = [*options.get("sinks", ()), *sinks]
         # Passed only when given, so the watch's own default applies otherwise.
         if self.detail_every is not None:
             options["detail_every"] = self.detail_every

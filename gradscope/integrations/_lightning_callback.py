@@ -19,8 +19,11 @@ class LightningGradScope(CallbackViews):
     folder (``lightning_logs/version_N``, or ``default_root_dir`` without a logger).
     ``layers``: module names or glob patterns of the LightningModule (default: every module
     with parameters). ``detail_every``: passed to the watch. ``open_app=True`` opens the app
-    on the recording as training starts. Other keyword arguments go to ``gradscope.watch``
-    (``explode_threshold``, ``vanish_threshold``, ``update_ratio``...).
+    on the recording as training starts. ``log_to_trainer=True`` also logs the per-layer
+    statistics (``gradscope/grad_norm/<layer>``...) to the Trainer's own loggers at its
+    global step; ``tensorboard="DIR"`` writes them to a TensorBoard folder of their own.
+    Other keyword arguments go to ``gradscope.watch`` (``explode_threshold``,
+    ``vanish_threshold``, ``update_ratio``...).
 
     Statistics are taken in ``on_before_optimizer_step``: after backward (and, with
     gradient accumulation, after the last micro-batch's backward: once per optimizer step),
@@ -37,9 +40,11 @@ class LightningGradScope(CallbackViews):
         detail_every: int | None = None,
         *,
         open_app: bool = False,
+        log_to_trainer: bool = False,
         **watch_options: Any,
     ) -> None:
         super().__init__()
+        self._log_to_trainer = log_to_trainer
         self._gradscope = CallbackWatch(record, layers, detail_every, open_app, watch_options)
         self._losses = LossAccumulator()
 
@@ -62,7 +67,17 @@ class LightningGradScope(CallbackViews):
             "world_size": trainer.world_size,
             "max_steps": trainer.max_steps,
         }
-        self._gradscope.start(pl_module, folder or trainer.default_root_dir, settings)
+        sinks = []
+        if self._log_to_trainer:
+            if trainer.loggers:
+                from gradscope.integrations._trainer_logger_sink import TrainerLoggerSink
+
+                sinks.append(TrainerLoggerSink(trainer))
+            else:
+                from gradscope.core.user_warnings import warn_user
+
+                warn_user("GradScopeCallback(log_to_trainer=True): the Trainer has no logger")
+        self._gradscope.start(pl_module, folder or trainer.default_root_dir, settings, sinks)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self._gradscope.watch is not None:

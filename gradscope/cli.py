@@ -575,13 +575,13 @@ def _write_tensorboard(args: argparse.Namespace, history: Any) -> None:
 def report_command(argv: Sequence[str]) -> int:
     """``gradscope report RECORDING``: the summary and JSON of ``run``, from a recording."""
     args = _report_parser().parse_args(list(argv))
+    from gradscope.core.facts import STATUS_NONFINITE
     from gradscope.core.recording import RecordingReader, write_csv
     from gradscope.core.report import (
         build_report,
         run_events,
         write_json,
     )
-    from gradscope.core.watch import STATUS_NONFINITE
 
     for path, option in ((args.json, "--json"), (args.csv, "--csv")):
         if path:

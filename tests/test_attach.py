@@ -84,7 +84,7 @@ def test_a_nan_pixel_in_one_batch_is_the_input_origin_at_that_step(tmp_path, cap
     assert (origin.step, origin.phase, origin.tensor) == (6, "input", "batch")
     assert origin.details["samples"] == [3]  # the image the script corrupted
     err = capfd.readouterr().err
-    assert "first non-finite value: step 6: NaN already in the input" in err
+    assert "first non-finite value: step 6: NaN in the batch (your data)" in err
     # no hook is left behind: a later model in this process is not watched
     assert not torch.nn.modules.module._global_forward_pre_hooks
     assert not optimizer_module._global_optimizer_pre_hooks

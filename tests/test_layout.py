@@ -40,7 +40,15 @@ def test_top_level_layout():
         assert (REPO / name).exists(), name
 
 
-OPTIONAL_LIBRARIES = ("transformers", "timm", "lightning", "pytorch_lightning", "accelerate")
+OPTIONAL_LIBRARIES = (
+    "transformers",
+    "timm",
+    "lightning",
+    "pytorch_lightning",
+    "accelerate",
+    "tensorboard",
+    "wandb",
+)
 
 
 def test_engine_cli_and_app_import_no_optional_library_unless_asked():

@@ -10,7 +10,7 @@ from gradscope.core.export.scalars import stats_scalars
 from gradscope.core.export.step_sink import CompleteStepSink
 
 if TYPE_CHECKING:
-    from gradscope.core.watch import LayerInfo, StepStats
+    from gradscope.core.facts import LayerInfo, StepStats
 
 
 class TrainerLoggerSink(CompleteStepSink):

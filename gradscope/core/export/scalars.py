@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gradscope.core.watch import STATUS_NONFINITE
+from gradscope.core.facts import STATUS_NONFINITE
 
 if TYPE_CHECKING:
+    from gradscope.core.facts import LayerInfo, StepStats
     from gradscope.core.origin import Origin
-    from gradscope.core.watch import LayerInfo, StepStats
 
 PREFIX = "gradscope"
 LAYER_STATISTICS = ("grad_norm", "max_abs", "weight_norm", "update_ratio")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gradscope.core.watch import GradientWatch, LayerInfo, StepStats
+    from gradscope.core.facts import LayerInfo, StepStats, WatchView
 
 
 class CompleteStepSink:
@@ -17,7 +17,7 @@ class CompleteStepSink:
 
     _held: tuple[StepStats, list[LayerInfo]] | None = None
 
-    def on_step(self, watch: GradientWatch, stats: StepStats) -> None:
+    def on_step(self, watch: WatchView, stats: StepStats) -> None:
         self._write_held()
         if watch.update_ratio_enabled:
             self._held = (stats, list(watch.layers))

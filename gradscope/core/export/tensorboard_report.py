@@ -14,8 +14,8 @@ from gradscope.core.export.scalars import (
     step_scalars,
 )
 from gradscope.core.export.tensorboard_events import TensorBoardEvents
+from gradscope.core.facts import STATUS_NONFINITE
 from gradscope.core.history import MISSING, STATISTICS, STATUS_MISSING, RunHistory
-from gradscope.core.watch import STATUS_NONFINITE
 
 
 def write_tensorboard(history: RunHistory, logdir: str | os.PathLike[str]) -> int:

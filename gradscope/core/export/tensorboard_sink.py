@@ -16,7 +16,7 @@ from gradscope.core.export.step_sink import CompleteStepSink
 from gradscope.core.export.tensorboard_events import TensorBoardEvents
 
 if TYPE_CHECKING:
-    from gradscope.core.watch import LayerInfo, StepStats
+    from gradscope.core.facts import LayerInfo, StepStats
 
 
 class TensorBoardSink(CompleteStepSink):

@@ -15,7 +15,7 @@ from gradscope.core.export.scalars import FIRST_ORIGIN_TAG, PREFIX, origin_summa
 from gradscope.core.export.step_sink import CompleteStepSink
 
 if TYPE_CHECKING:
-    from gradscope.core.watch import LayerInfo, StepStats
+    from gradscope.core.facts import LayerInfo, StepStats
 
 STEP_KEY = f"{PREFIX}/step"
 

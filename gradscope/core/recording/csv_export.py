@@ -11,14 +11,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from gradscope.core.errors import GradScopeError
+from gradscope.core.facts import (
+    STATUS_NAMES,
+)
 from gradscope.core.history import (
     MISSING,
     STATISTICS,
     STATUS_MISSING,
     RunHistory,
-)
-from gradscope.core.watch import (
-    STATUS_NAMES,
 )
 
 

@@ -141,7 +141,7 @@ def rank_facts_of(
     """What one rank's recording says of each step: its loss (None where not given) and
     whether the step went non-finite, and by what (its loss, its located origin, or its
     gradients only)."""
-    from gradscope.core.watch import STATUS_NONFINITE
+    from gradscope.core.facts import STATUS_NONFINITE
 
     facts = RankFacts(rank, path=str(path))
     count = history.count

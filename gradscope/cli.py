@@ -723,6 +723,9 @@ def app_command(argv: Sequence[str]) -> int:
     )
 
 
+_OPEN_CHECK_ROWS = 64
+
+
 def open_command(argv: Sequence[str]) -> int:
     """``gradscope open RECORDING``: the app on a recording (following it while it is being
     written). A file that is no readable recording is reported here, before any window."""
@@ -750,7 +753,10 @@ def open_command(argv: Sequence[str]) -> int:
             )
             for note in recordings.notes:
                 print(f"note: {note}", file=sys.stderr)
-        RecordingReader(path).close()
+        with RecordingReader(path) as reader:
+            # A decimated read touches every table the window reads: a damaged file is one
+            # message here, not a dialog after the window opened.
+            reader.load(max_rows=_OPEN_CHECK_ROWS)
     except GradScopeError as error:
         _print_error(error)
         return EXIT_BAD_INPUT

@@ -1,0 +1,197 @@
+"""Reliability, second pass (issue 26): crafted and corrupt recordings are one message and
+exit 2 from every route that opens them; a full disk never breaks training; a BaseException
+from user code keeps the finished steps; the CLI does not hang on a thread a script left
+running; messages say what happened."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import gradscope
+from gradscope.cli import main
+from gradscope.core.errors import GradScopeError
+from gradscope.core.recording import RecordingReader
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Gate(nn.Module):
+    """Passes its input through until broken; then its own code makes -inf/NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x - x.max()) if self.broken else x
+
+
+def record_real_run(path: Path, steps: int = 8) -> Path:
+    """A real recording: a module tree, an exploding onset at step 2, a NaN origin at step 5
+    (located), update ratios, so every table the reader reads holds rows."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), Gate(), nn.Linear(12, 3), nn.Linear(3, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with gradscope.watch(
+        model, record=path, update_ratio=True, optimizer=optimizer, settings={"lr": 0.05}
+    ) as watch:
+        for step in range(steps):
+            model[2].broken = step == 5
+            x, y = torch.randn(8, 6), torch.randn(8, 1)
+            scale = 1e8 if step == 2 else 1.0
+
+            def compute_loss(x=x, y=y, scale=scale):
+                return nn.functional.mse_loss(model(x), y) * scale
+
+            optimizer.zero_grad()
+            loss = compute_loss()
+            loss.backward()
+            stats = watch.collect(loss, locate=compute_loss)
+            if not stats.nonfinite and step != 2:
+                optimizer.step()
+    return path
+
+
+@pytest.fixture(scope="module")
+def real_recording(tmp_path_factory) -> Path:
+    return record_real_run(tmp_path_factory.mktemp("real") / "real.gsrec")
+
+
+# One SQL statement each, applied to a copy of the real recording, with what the one line
+# must say. (SQLite turns a number written to a TEXT column into text, so a wrong type
+# there is a BLOB.)
+CRAFTED = {
+    "origin is {}": ("UPDATE origins SET data = '{}'", "origin lacks step"),
+    "origin is a JSON list": ("UPDATE origins SET data = '[1, 2]'", "origin is a JSON list"),
+    "origin is not JSON": ("UPDATE origins SET data = 'step 5'", "not valid JSON"),
+    "origin kind is a number": (
+        'UPDATE origins SET data = replace(data, \'"kind": "nan"\', \'"kind": 5\')',
+        "origin's kind is an integer",
+    ),
+    "origin details are a list": (
+        'UPDATE origins SET data = replace(data, \'"details": {\', \'"details": [1], "x": {\')',
+        "origin's details are a JSON list",
+    ),
+    "layer set positions are text": (
+        "UPDATE layer_sets SET positions = 'abc'",
+        "positions is text, not a BLOB",
+    ),
+    "layer set names a missing layer": (
+        "UPDATE layer_sets SET positions = X'FFFFFF7F00000000FFFFFFFF'",
+        "layers the recording does not have",
+    ),
+    "grad_norm blob is text": (
+        "UPDATE grad_norm SET data = 'text' WHERE row = 3",
+        "grad_norm values is text, not a BLOB",
+    ),
+    "status blob is an integer": (
+        "UPDATE status SET data = 7 WHERE row = 2",
+        "status values is an integer, not a BLOB",
+    ),
+    "status blob is short": (
+        "UPDATE status SET data = X'02' WHERE row = 1",
+        "do not match their layers",
+    ),
+    "update_ratio blob is a real": (
+        "UPDATE update_ratio SET data = 1.5 WHERE row = 3",
+        "update_ratio values is a real number",
+    ),
+    "unknown layer set": ("UPDATE steps SET layer_set = 99 WHERE row = 0", "is damaged"),
+    "step number is text": ("UPDATE steps SET step = 'soon' WHERE row = 4", "is damaged"),
+    "no creation time": ("DELETE FROM meta WHERE key = 'created'", "no creation time"),
+    "format version is text": (
+        "UPDATE meta SET value = 'two' WHERE key = 'format_version'",
+        "no format version",
+    ),
+    "layer parameter count is text": (
+        "UPDATE layers SET params = 'many' WHERE position = 0",
+        "parameter count is text",
+    ),
+    "layer name is a BLOB": (
+        "UPDATE layers SET name = X'6162' WHERE position = 1",
+        "a layer's name is a BLOB",
+    ),
+    "event kind is a BLOB": ("UPDATE events SET kind = X'00'", "an event's kind is a BLOB"),
+    "event step is text": ("UPDATE events SET step = 'soon'", "an event's step is text"),
+    "tree name is a BLOB": ("UPDATE tree SET name = X'00' WHERE position = 1", "module's name"),
+    "tree parameter count is text": (
+        "UPDATE tree SET own_params = 'x' WHERE position = 0",
+        "parameter count is text",
+    ),
+    "source is a BLOB": (
+        "UPDATE meta SET value = X'00FF' WHERE key = 'info.source'",
+        "meta.info.source is a BLOB",
+    ),
+    "a table is gone": ("DROP TABLE rewinds", "missing tables rewinds"),
+}
+
+
+def crafted(real: Path, folder: Path, name: str) -> Path:
+    statement, _ = CRAFTED[name]
+    path = folder / (name.replace(" ", "_") + ".gsrec")
+    shutil.copyfile(real, path)
+    connection = sqlite3.connect(path)
+    connection.execute(statement)
+    assert connection.total_changes or statement.startswith("DROP"), f"{name}: no row changed"
+    connection.commit()
+    connection.close()
+    return path
+
+
+def assert_one_line(code: int, err: str, needle: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gradscope: error:"), err
+    assert needle in lines[0], err
+
+
+def test_the_real_recording_reads_back(real_recording, capsys):
+    """The base of the crafted files is a healthy recording (so each edit is the damage)."""
+    assert main(["report", str(real_recording)]) == 0
+    out = capsys.readouterr().out
+    assert "first non-finite value: step 5" in out
+    with RecordingReader(real_recording) as reader:
+        _, history = reader.load()
+    assert history.count == 8 and history.origins and history.events
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED))
+def test_crafted_recording_is_one_line_and_exit_2(
+    real_recording, tmp_path, capsys, monkeypatch, name
+):
+    path = crafted(real_recording, tmp_path, name)
+    needle = CRAFTED[name][1]
+    assert_one_line(main(["report", str(path)]), capsys.readouterr().err, needle)
+    # gradscope open checks the file before any window opens (the window is the app test's)
+    monkeypatch.setattr("gradscope.cli._app_launcher", lambda: lambda **_: 0)
+    assert_one_line(main(["open", str(path)]), capsys.readouterr().err, needle)
+    with pytest.raises(GradScopeError, match="is damaged"):
+        with RecordingReader(path) as reader:
+            reader.load()
+            reader.load(max_rows=3)  # the decimated read the app does
+            for layer in reader.layer_names:
+                reader.read_statistic("grad_norm", layer)
+                reader.read_statistic("status", layer)
+
+
+def test_missing_creation_time_is_not_called_a_replaced_file(real_recording, tmp_path):
+    path = crafted(real_recording, tmp_path, "no creation time")
+    with pytest.raises(GradScopeError) as raised:
+        RecordingReader(path).load()
+    assert "replaced" not in str(raised.value)
+
+
+def test_a_header_claiming_a_huge_size_is_one_line(real_recording, tmp_path, capsys):
+    """The SQLite header's page count says 16 TiB: one line, nothing of that size read."""
+    path = tmp_path / "huge.gsrec"
+    data = bytearray(real_recording.read_bytes())
+    data[28:32] = (0xFFFFFFFF).to_bytes(4, "big")
+    path.write_bytes(bytes(data))
+    assert_one_line(main(["report", str(path)]), capsys.readouterr().err, "is damaged")

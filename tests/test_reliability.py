@@ -5,8 +5,11 @@ running; messages say what happened."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sqlite3
+import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -195,3 +198,73 @@ def test_a_header_claiming_a_huge_size_is_one_line(real_recording, tmp_path, cap
     data[28:32] = (0xFFFFFFFF).to_bytes(4, "big")
     path.write_bytes(bytes(data))
     assert_one_line(main(["report", str(path)]), capsys.readouterr().err, "is damaged")
+
+
+# -- a full disk while recording ----------------------------------------------------------
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 256 KiB tmpfs (as root); skipped with the reason where it cannot be mounted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command to make a small disk")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip() or 'not root'}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def deep_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(8, 8) for _ in range(200)])
+
+
+def test_a_full_disk_stops_the_recording_with_one_warning(full_disk):
+    path = full_disk / "run.gsrec"
+    model = deep_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    after_close = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        watch = gradscope.watch(model, record=path, commit_seconds=0.01)
+        for _ in range(300):  # about 5 kB a step: the disk fills within the first 100
+            optimizer.zero_grad()
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            watch.collect(loss)  # never raises for it
+            optimizer.step()
+        watch.close()  # nor does this: the script's next line runs
+        after_close.append("checkpoint saved")
+    assert after_close == ["checkpoint saved"]
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1, messages
+    (message,) = messages
+    assert f"recording to {path} stopped: the disk {full_disk} is full" in message, message
+    assert "rollback" not in message
+    committed = int(re.search(r"the (\d+) step\(s\) committed", message).group(1))
+    assert committed > 0
+    with RecordingReader(path) as reader:  # what was committed stays readable
+        _, history = reader.load()
+    assert history.count == committed and history.steps.tolist() == list(range(committed))
+
+
+def test_creating_a_recording_on_a_full_disk_leaves_no_file(full_disk):
+    with open(full_disk / "filler", "wb", buffering=0) as filler:  # fill the disk
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError:
+            pass
+    path = full_disk / "new.gsrec"
+    with pytest.raises(
+        GradScopeError, match=rf"cannot write a recording at .*the disk {full_disk} is full"
+    ):
+        gradscope.watch(nn.Linear(2, 2), record=path)
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]

@@ -36,14 +36,15 @@ def mount_point(path: Path) -> Path:
     return current
 
 
-def disk_full_message(path: Path) -> str:
-    """``the disk /data is full (12 KiB free)``: the disk ``path`` is on."""
+def disk_full_message(path: Path, error: BaseException) -> str:
+    """``the disk /data is full (database or disk is full; 12 KiB free)``: the disk
+    ``path`` is on, with what the failed write said."""
     disk = mount_point(path)
     try:
-        free = f" ({_size(shutil.disk_usage(disk).free)} free)"
+        free = f"; {_size(shutil.disk_usage(disk).free)} free"
     except OSError:
         free = ""
-    return f"the disk {disk} is full{free}"
+    return f"the disk {disk} is full ({error}{free})"
 
 
 def _size(count: int) -> str:

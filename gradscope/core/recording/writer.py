@@ -182,7 +182,7 @@ class RecordingWriter:
         except sqlite3.Error as error:
             if new_file:
                 _remove_new_file(path)
-            reason = disk_full_message(path) if is_disk_full(error) else error
+            reason = disk_full_message(path, error) if is_disk_full(error) else error
             raise GradScopeError(f"cannot write a recording at {path}: {reason}") from None
         try:
             connection.execute("BEGIN IMMEDIATE")
@@ -226,7 +226,7 @@ class RecordingWriter:
                 _remove_new_file(path)
             if is_disk_full(error):
                 raise GradScopeError(
-                    f"cannot write a recording at {path}: {disk_full_message(path)}"
+                    f"cannot write a recording at {path}: {disk_full_message(path, error)}"
                 ) from None
             if "locked" in str(error) or "busy" in str(error):
                 raise GradScopeError(
@@ -418,7 +418,7 @@ class RecordingWriter:
             self._release_lock()
             if is_disk_full(error):
                 reason = (
-                    f"{disk_full_message(self.path)}; the {self._committed_rows} step(s) "
+                    f"{disk_full_message(self.path, error)}; the {self._committed_rows} step(s) "
                     "committed before stay readable, training goes on"
                 )
             else:

@@ -5,6 +5,7 @@ running; messages say what happened."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sqlite3
@@ -268,3 +269,60 @@ def test_creating_a_recording_on_a_full_disk_leaves_no_file(full_disk):
     ):
         gradscope.watch(nn.Linear(2, 2), record=path)
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]
+
+
+# -- a BaseException from user code ------------------------------------------------------
+BASE_EXCEPTION_SCRIPT = """
+import asyncio
+import torch
+from torch import nn
+
+class Stop(BaseException):
+    pass
+
+calls = {{"batch": 0, "forward": 0}}
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def forward(self, x):
+        calls["forward"] += 1
+        if {in_forward} and calls["forward"] == 4:
+            raise asyncio.CancelledError("cancelled in forward")
+        return self.layer(x)
+
+def build_model():
+    return Net()
+
+def make_batch(batch_size, device):
+    calls["batch"] += 1
+    if not {in_forward} and calls["batch"] == 4:
+        raise Stop("stopped in make_batch")
+    return torch.randn(batch_size, 4), torch.randn(batch_size, 1)
+"""
+
+
+@pytest.mark.parametrize(
+    "in_forward, needle",
+    [(False, "make_batch() raised Stop: stopped in make_batch"), (True, "CancelledError")],
+)
+def test_a_base_exception_from_user_code_is_exit_2_with_the_finished_steps(
+    write_script, tmp_path, capsys, in_forward, needle
+):
+    path = write_script(BASE_EXCEPTION_SCRIPT.format(in_forward=in_forward))
+    report = tmp_path / "run.json"
+    code = main(["run", str(path), "--steps", "6", "--json", str(report)])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert err.startswith("gradscope: error:") and needle in err.splitlines()[0], err
+    assert f'File "{path}"' in err  # the user's frames
+    assert "gradscope/core" not in err and "gradscope/cli" not in err, err
+    assert "Traceback" not in err
+    assert "the 3 finished step(s)" in err
+    assert "3 step(s)" in out and "layer" in out  # the summary
+    data = json.loads(report.read_text())
+    assert data["steps"] == [0, 1, 2]
+    assert data["error"]["step"] == 3 and needle in data["error"]["message"]
+    assert any(path.name in line for line in data["error"]["traceback"])

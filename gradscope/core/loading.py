@@ -205,6 +205,15 @@ def _guarded(function: Callable[..., Any], path: Path, what: str) -> Callable[..
                 f"{path.name}: {what} raised {type(error).__name__}: {error}",
                 user_traceback(error, [path]),
             ) from error
+        except BaseException as error:
+            if isinstance(error, (KeyboardInterrupt, GeneratorExit)):
+                raise
+            # A BaseException subclass of the user's (asyncio.CancelledError, a class of
+            # their own): their error like any other, not GradScope's.
+            raise ModelScriptError(
+                f"{path.name}: {what} raised {type(error).__name__}: {error}",
+                user_traceback(error, [path]),
+            ) from None
 
     call.__wrapped__ = function  # type: ignore[attr-defined]
     return call

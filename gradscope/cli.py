@@ -5,9 +5,11 @@ it is asked for."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 import textwrap
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -818,8 +820,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The exit-code contract holds whatever happens: 2 with one message for bad input
     (the user's own frames after it), 3 with "please report" and the traceback for a
     GradScope bug, 130 with one line for Ctrl+C."""
+    as_command = argv is None  # the process's own entry point (not a call from Python)
     argv = list(sys.argv[1:] if argv is None else argv)
     _Stdout.closed = False
+    code = _main(argv)
+    if as_command:
+        _leave_without_waiting_for_threads(code)
+    return code
+
+
+def _leave_without_waiting_for_threads(code: int) -> None:
+    """With its output written, a command does not wait for threads the model script
+    started and left running (Python's shutdown would join them for ever): it names them
+    and leaves as the distributed ranks do, after the atexit handlers."""
+    left = [
+        thread
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+    ]
+    if not left:
+        return
+    names = ", ".join(repr(thread.name) for thread in left)
+    print(
+        f"gradscope: note: not waiting for {len(left)} thread(s) the model left running ({names})",
+        file=sys.stderr,
+    )
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _main(argv: list[str]) -> int:
     try:
         return _dispatch(argv)
     except KeyboardInterrupt:

@@ -6,10 +6,13 @@ running; messages say what happened."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sqlite3
 import subprocess
+import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -326,3 +329,42 @@ def test_a_base_exception_from_user_code_is_exit_2_with_the_finished_steps(
     assert data["steps"] == [0, 1, 2]
     assert data["error"]["step"] == 3 and needle in data["error"]["message"]
     assert any(path.name in line for line in data["error"]["traceback"])
+
+
+# -- a thread the model script leaves running ----------------------------------------------
+def checkout_env() -> dict[str, str]:
+    """The environment for a subprocess that runs this checkout's gradscope."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def test_a_thread_the_script_leaves_running_does_not_hang_the_run(write_script, tmp_path):
+    path = write_script(
+        textwrap.dedent(
+            """
+            import threading
+            import torch
+            from torch import nn
+
+            def build_model():
+                # A data loader's helper, say, that nobody stops (not a daemon).
+                threading.Thread(target=threading.Event().wait, name="stuck-loader").start()
+                return nn.Linear(4, 1)
+
+            def make_batch(batch_size, device):
+                return torch.randn(batch_size, 4), torch.randn(batch_size, 1)
+            """
+        )
+    )
+    report = tmp_path / "run.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "gradscope", "run", str(path), "--steps", "2", "--json", report],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=checkout_env(),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "2 step(s)" in result.stdout and json.loads(report.read_text())["steps"] == [0, 1]
+    assert "not waiting for 1 thread(s) the model left running ('stuck-loader')" in (result.stderr)

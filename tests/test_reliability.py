@@ -368,3 +368,52 @@ def test_a_thread_the_script_leaves_running_does_not_hang_the_run(write_script, 
     assert result.returncode == 0, result.stderr
     assert "2 step(s)" in result.stdout and json.loads(report.read_text())["steps"] == [0, 1]
     assert "not waiting for 1 thread(s) the model left running ('stuck-loader')" in (result.stderr)
+
+
+# -- messages that say what happened ---------------------------------------------------
+def assert_run_error(capsys, argv, needle, absent=()):
+    code = main(["run", *map(str, argv)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("gradscope: error:") and needle in err, err
+    for word in absent:
+        assert word not in err, err
+
+
+def test_a_script_with_nul_bytes_is_named_as_such(tmp_path, capsys):
+    path = tmp_path / "model.py"
+    path.write_bytes("def build_model():\n    return 1\n".encode("utf-16"))
+    assert_run_error(capsys, [path], "holds NUL bytes", absent=["line None"])
+
+
+def test_random_bytes_as_weights_are_not_called_python_objects(tmp_path, capsys):
+    import random
+
+    path = tmp_path / "weights.pt"
+    path.write_bytes(random.Random(0).randbytes(3000))
+    assert_run_error(
+        capsys,
+        ["squeezenet1_1", "--weights", path, "--steps", 1],
+        "is not a PyTorch weights file",
+        absent=["Python objects"],
+    )
+    # A pickle of a class of the user's is what "Python objects" means.
+    pickled = tmp_path / "objects.pt"
+    torch.save({"weight": torch.zeros(2), "extra": Gate()}, pickled)
+    assert_run_error(
+        capsys, ["squeezenet1_1", "--weights", pickled, "--steps", 1], "Python objects"
+    )
+
+
+def test_the_app_without_qts_system_libraries_is_a_set_up_problem(monkeypatch, capsys):
+    """Exit 2 (set-up), not 3 (a GradScope bug). The libraries are installed on most test
+    machines, so the loader's answer (ldd) is the one thing stood in for: X11 is asked for
+    and libxcb-cursor is "not found"; the check and launch() are the real ones."""
+    import gradscope.gui.system_check as system_check
+    from gradscope.gui.app import launch
+
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
+    monkeypatch.setattr(system_check, "missing_libraries", lambda: ["libxcb-cursor.so.0"])
+    assert launch(model=None, overrides={}) == 2
+    err = capsys.readouterr().err
+    assert "cannot open its window" in err and "libxcb-cursor0" in err

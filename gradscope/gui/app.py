@@ -74,7 +74,7 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     problem = startup_problem()
     if problem is not None:  # Qt would abort with a message that does not say what to do
         print(problem, file=sys.stderr)
-        return 3
+        return 2  # a set-up problem for the user to fix (the exit-code contract), no bug
 
     from PySide6.QtCore import QSettings, QTimer
 

@@ -16,6 +16,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -24,6 +25,7 @@ import gradscope
 from gradscope.cli import main
 from gradscope.core.errors import GradScopeError
 from gradscope.core.recording import RecordingReader
+from gradscope.core.watch import GradientWatch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -403,3 +405,88 @@ def test_random_bytes_as_weights_are_not_called_python_objects(tmp_path, capsys)
     assert_run_error(
         capsys, ["squeezenet1_1", "--weights", pickled, "--steps", 1], "Python objects"
     )
+
+
+# -- tests for the mutations that survived the suite ---------------------------------------
+def test_exploding_means_above_the_threshold_not_at_it():
+    from gradscope.core.watch import STATUS_EXPLODING, STATUS_OK, STATUS_VANISHING, classify
+
+    at, above = 1000.0, float(np.nextafter(1000.0, np.inf))
+    status = classify(np.array([at, above, 1e-7]), np.zeros(3, np.int64), at, 1e-7)
+    assert status.tolist() == [STATUS_OK, STATUS_EXPLODING, STATUS_OK]
+    # Through a watch on real gradients: a threshold equal to a layer's norm is not exceeded.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    norm = float(GradientWatch(model).collect().grad_norm[0])
+    for threshold, expected in ((norm, STATUS_OK), (np.nextafter(norm, 0.0), STATUS_EXPLODING)):
+        watch = GradientWatch(model, explode_threshold=float(threshold))
+        assert watch.collect().status[0] == expected, (threshold, norm)
+    assert STATUS_VANISHING not in status
+
+
+class NanGradient(torch.autograd.Function):
+    """Finite forward, NaN backward: the gradients of every layer before it go NaN."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+class NanInBackward(nn.Module):
+    def forward(self, x):
+        return NanGradient.apply(x)
+
+
+def test_a_statistics_only_backward_origin_names_the_last_nonfinite_layer():
+    """Gradients flow from the last layer to the first, so of the layers whose gradients
+    went NaN the last registered one is where it came in (layer "1" here, not "0")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), NanInBackward(), nn.Linear(4, 1))
+    watch = GradientWatch(model)
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    stats = watch.collect(loss)  # no locate: the statistics alone
+    origin = stats.origin
+    assert origin is not None and origin.phase == "backward"
+    assert origin.details["nonfinite_layers"] == ["0", "1"]
+    assert origin.module == "1"
+
+
+def test_the_gap_event_names_exactly_the_steps_not_recorded(tmp_path):
+    """Steps 2, 3 and 4 are dropped while the disk stalls: the gap says "steps 2-4"."""
+    from gradscope.core.module_tree import build_module_tree
+    from gradscope.core.recording import RecordingWriter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    watch = GradientWatch(model)
+    collected = []
+    for _ in range(6):
+        model.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        collected.append(watch.collect())
+    path = tmp_path / "gap.gsrec"
+    writer = RecordingWriter(path, build_module_tree(model), commit_steps=100, max_pending=2)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another connection holds the write lock: a stall
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            accepted = [writer.append(stats, watch.layers) for stats in collected[:5]]
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert accepted == [True, True, False, False, False]
+    writer.append(collected[5], watch.layers)
+    writer.close()
+    with RecordingReader(path) as reader:
+        _, history = reader.load()
+    assert history.steps.tolist() == [0, 1, 5]
+    (gap,) = [e for e in history.events if e.kind == "gap"]
+    assert gap.step == 5
+    assert gap.message.startswith("steps 2-4: not recorded"), gap.message

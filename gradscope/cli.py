@@ -5,9 +5,11 @@ it is asked for."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 import textwrap
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -260,6 +262,70 @@ def _error_json(step: int | None, message: str, lines: Sequence[str]) -> dict[st
     return {"step": step, "message": message, "traceback": list(lines)}
 
 
+def _stopped_by(
+    raised: BaseException, step: int | None, user_files: Sequence[Path]
+) -> tuple[int, Any, dict[str, Any]]:
+    """What ended a run early, by the exit-code contract: ``(exit code, what to print,
+    the report's "error")``; what to print is "interrupted", a GradScopeError (bad input,
+    the user's own code) or the exception of a GradScope bug. SystemExit is not handled
+    here: it keeps its meaning."""
+    if isinstance(raised, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted", _error_json(step, "interrupted (Ctrl+C)", [])
+    if not isinstance(raised, Exception):
+        # A BaseException subclass (asyncio.CancelledError, a class of the user's own)
+        # raised in the user's code, say their forward: their error, with their frames.
+        from gradscope.core.errors import ModelScriptError
+        from gradscope.core.loading import user_traceback
+
+        raised = ModelScriptError(
+            f"the run was stopped by {type(raised).__name__}: {raised}",
+            user_traceback(raised, list(user_files)),
+        )
+    if isinstance(raised, GradScopeError):
+        return EXIT_BAD_INPUT, raised, _error_json(step, raised.message, raised.details)
+    message = f"internal error: {type(raised).__name__}: {raised}; {_REPORT_BUG}"
+    return EXIT_INTERNAL, raised, _error_json(step, message, _internal_traceback(raised))
+
+
+def _write_run_report(
+    json_path: str,
+    *,
+    source: str,
+    device: str | None,
+    history: Any,
+    settings: dict[str, Any] | None,
+    world_size: int | None,
+    trace: Sequence[Any],
+    error: dict[str, Any] | None,
+    extra: dict[str, Any] | None = None,
+) -> bool:
+    """The one report of ``gradscope run`` (one process or N), written to ``json_path``
+    whatever stopped the run; False, with the reason on stderr, when it cannot be written."""
+    from gradscope.core.report import build_report, trace_to_json, write_json
+
+    report = build_report(source, device, history, settings=settings, world_size=world_size)
+    report.update(extra or {})
+    if settings is not None and settings.get("trace"):
+        report["trace"] = trace_to_json(trace)
+    report["error"] = error
+    try:
+        write_json(report, json_path)
+    except OSError as written:
+        print(f"gradscope: error: cannot write {json_path}: {written}", file=sys.stderr)
+        return False
+    return True
+
+
+def _say_run_header(title: str, history: Any, loss_of: str = "") -> None:
+    """``NAME on DEVICE: N step(s), loss a -> b`` and the per-layer table."""
+    say(f"{title}: {history.count} step(s)", end="")
+    if history.count:
+        say(f", {loss_of}loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
+    else:
+        say()
+    _say_summary(say, history)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         return _run_distributed(args)
@@ -274,11 +340,6 @@ def _run_one_process(args: argparse.Namespace) -> int:
     with an ``"error"`` saying what stopped it, and the exit code follows the contract."""
     from gradscope.core.history import RunHistory
     from gradscope.core.loading import load_with_settings
-    from gradscope.core.report import (
-        build_report,
-        trace_to_json,
-        write_json,
-    )
     from gradscope.core.runner import StepRunner
 
     if args.json:
@@ -318,46 +379,32 @@ def _run_one_process(args: argparse.Namespace) -> int:
                 progress.update(result.step + 1, result.loss)
         finally:
             progress.close()
-    except KeyboardInterrupt:
-        code, failure = EXIT_INTERRUPTED, "interrupted"
-        error = _error_json(_failed_step(runner), "interrupted (Ctrl+C)", [])
-    except GradScopeError as raised:
-        code, failure = EXIT_BAD_INPUT, raised
-        error = _error_json(_failed_step(runner), raised.message, raised.details)
-    except Exception as raised:
-        code, failure = EXIT_INTERNAL, raised
-        message = f"internal error: {type(raised).__name__}: {raised}; {_REPORT_BUG}"
-        error = _error_json(_failed_step(runner), message, _internal_traceback(raised))
+    except SystemExit:
+        raise
+    except BaseException as raised:  # whatever stopped it, the finished steps are kept
+        user_files = [loaded.path] if loaded is not None and loaded.path else []
+        code, failure, error = _stopped_by(raised, _failed_step(runner), user_files)
     finally:
         if runner is not None:
             runner.close()
     # The report first: printing (a diagnosis that fails, a closed stdout) cannot lose it.
     if runner is not None:
         settings = runner.settings  # as used
-    if args.json:
-        report = build_report(
-            loaded.source if loaded is not None else args.source,
-            str(runner.device) if runner is not None else None,
-            history,
-            settings=settings.to_dict() if settings is not None else None,
-            world_size=1,  # gradscope run is one process
-        )
-        if settings is not None and settings.trace:
-            report["trace"] = trace_to_json(trace)
-        report["error"] = error
-        try:
-            write_json(report, args.json)
-        except OSError as written:
-            print(f"gradscope: error: cannot write {args.json}: {written}", file=sys.stderr)
-            code = max(code, EXIT_BAD_INPUT) if code != EXIT_INTERRUPTED else code
+    written = not args.json or _write_run_report(
+        args.json,
+        source=loaded.source if loaded is not None else args.source,
+        device=str(runner.device) if runner is not None else None,
+        history=history,
+        settings=settings.to_dict() if settings is not None else None,
+        world_size=1,  # gradscope run is one process
+        trace=trace,
+        error=error,
+    )
+    if not written and code != EXIT_INTERRUPTED:
+        code = max(code, EXIT_BAD_INPUT)
     if runner is not None:
         assert loaded is not None
-        say(f"{loaded.display_name} on {runner.device}: {history.count} step(s)", end="")
-        if history.count:
-            say(f", loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
-        else:
-            say()
-        _say_summary(say, history)
+        _say_run_header(f"{loaded.display_name} on {runner.device}", history)
     origin = history.first_nonfinite
     if origin is not None:
         _print_origin(origin, halted=runner is not None and runner.halted)
@@ -412,6 +459,13 @@ _FAILURE_CODES = {
 }
 
 
+_FAILURE_OF_CODE = {
+    EXIT_INTERRUPTED: "interrupted",
+    EXIT_BAD_INPUT: "bad input",
+    EXIT_INTERNAL: "internal",
+}
+
+
 def _run_distributed(args: argparse.Namespace) -> int:
     """``gradscope run SOURCE --nproc N [--fsdp]``: the ranks run under torch.distributed.run;
     this process prints rank 0's summary, each rank's losses and which rank went non-finite
@@ -425,12 +479,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
     )
     from gradscope.core.loading import load_with_settings
     from gradscope.core.rank_facts import rank_lines, ranks_json
-    from gradscope.core.report import (
-        build_report,
-        origin_to_json,
-        trace_to_json,
-        write_json,
-    )
+    from gradscope.core.report import origin_to_json
 
     if args.json:
         _check_output_path(args.json, "--json")
@@ -451,16 +500,15 @@ def _run_distributed(args: argparse.Namespace) -> int:
             weights=args.weights,
             step_timeout=step_timeout,
         )
-    except KeyboardInterrupt:
-        run = DistributedRun(args.nproc, failure="interrupted")
-        run.error = _error_json(None, "interrupted (Ctrl+C)", [])
-    except GradScopeError as raised:
-        run = DistributedRun(args.nproc, failure="bad input")
-        run.error = _error_json(None, raised.message, raised.details)
-    except Exception as raised:
-        run = DistributedRun(args.nproc, failure="internal")
-        message = f"{type(raised).__name__}: {raised}"
-        run.error = _error_json(None, message, _internal_traceback(raised))
+    except SystemExit:
+        raise
+    except BaseException as raised:
+        user_files = [Path(args.source)] if args.source.endswith(".py") else []
+        stopped, _, error = _stopped_by(raised, None, user_files)
+        run = DistributedRun(args.nproc, failure=_FAILURE_OF_CODE[stopped])
+        if stopped == EXIT_INTERNAL:  # worded as a rank's internal error is (printed below)
+            error["message"] = f"{type(raised).__name__}: {raised}"
+        run.error = error
     for rank, text in sorted(run.outputs.items()):
         for line in text.rstrip("\n").splitlines():
             print(f"[rank {rank}] {line}", file=sys.stderr)
@@ -469,38 +517,30 @@ def _run_distributed(args: argparse.Namespace) -> int:
     history = run.history
     code = _FAILURE_CODES.get(run.failure or "", EXIT_OK)
     if args.json:
-        report = build_report(
-            run.source or args.source,
-            run.device,
-            history,
+        extra = {}
+        if run.origin is not None:  # also when rank 0 stopped before that step
+            extra["first_nonfinite"] = {**origin_to_json(run.origin), "rank": run.origin_rank}
+        extra.update(ranks_json(run.ranks))
+        written = _write_run_report(
+            args.json,
+            source=run.source or args.source,
+            device=run.device,
+            history=history,
             settings=run.settings,
             world_size=run.world_size,
+            trace=run.trace,
+            error=run.error,
+            extra=extra,
         )
-        if run.origin is not None:  # also when rank 0 stopped before that step
-            report["first_nonfinite"] = origin_to_json(run.origin)
-            report["first_nonfinite"]["rank"] = run.origin_rank
-        report.update(ranks_json(run.ranks))
-        if run.settings is not None and run.settings.get("trace"):
-            report["trace"] = trace_to_json(run.trace)
-        report["error"] = run.error
-        try:
-            write_json(report, args.json)
-        except OSError as written:
-            print(f"gradscope: error: cannot write {args.json}: {written}", file=sys.stderr)
-            code = max(code, EXIT_BAD_INPUT) if code != EXIT_INTERRUPTED else code
+        if not written and code != EXIT_INTERRUPTED:
+            code = max(code, EXIT_BAD_INPUT)
     if run.display_name is not None:
         engine = "FSDP2" if args.fsdp else "DDP"
         backend = "nccl" if (run.device or "").startswith("cuda") else "gloo"
-        say(
-            f"{run.display_name} on {run.device} x {run.world_size} processes ({engine}, "
-            f"{backend}): {history.count} step(s)",
-            end="",
+        title = (
+            f"{run.display_name} on {run.device} x {run.world_size} processes ({engine}, {backend})"
         )
-        if history.count:
-            say(f", rank 0 loss {history.losses[0]:.4g} -> {history.losses[-1]:.4g}")
-        else:
-            say()
-        _say_summary(say, history)
+        _say_run_header(title, history, loss_of="rank 0 ")
     for line in rank_lines(run.ranks):
         say(line)
     origin = run.origin
@@ -751,6 +791,9 @@ def app_command(argv: Sequence[str]) -> int:
     )
 
 
+_OPEN_CHECK_ROWS = 64
+
+
 def open_command(argv: Sequence[str]) -> int:
     """``gradscope open RECORDING``: the app on a recording (following it while it is being
     written). A file that is no readable recording is reported here, before any window."""
@@ -778,7 +821,10 @@ def open_command(argv: Sequence[str]) -> int:
             )
             for note in recordings.notes:
                 print(f"note: {note}", file=sys.stderr)
-        RecordingReader(path).close()
+        with RecordingReader(path) as reader:
+            # A decimated read touches every table the window reads: a damaged file is one
+            # message here, not a dialog after the window opened.
+            reader.load(max_rows=_OPEN_CHECK_ROWS)
     except GradScopeError as error:
         _print_error(error)
         return EXIT_BAD_INPUT
@@ -880,8 +926,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The exit-code contract holds whatever happens: 2 with one message for bad input
     (the user's own frames after it), 3 with "please report" and the traceback for a
     GradScope bug, 130 with one line for Ctrl+C."""
+    as_command = argv is None  # the process's own entry point (not a call from Python)
     argv = list(sys.argv[1:] if argv is None else argv)
     _Stdout.closed = False
+    code = _main(argv)
+    if as_command:
+        _leave_without_waiting_for_threads(code)
+    return code
+
+
+def _leave_without_waiting_for_threads(code: int) -> None:
+    """With its output written, a command does not wait for threads the model script
+    started and left running (Python's shutdown would join them for ever): it names them
+    and leaves as the distributed ranks do, after the atexit handlers."""
+    left = [
+        thread
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+    ]
+    if not left:
+        return
+    names = ", ".join(repr(thread.name) for thread in left)
+    print(
+        f"gradscope: note: not waiting for {len(left)} thread(s) the model left running ({names})",
+        file=sys.stderr,
+    )
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _main(argv: list[str]) -> int:
     try:
         return _dispatch(argv)
     except KeyboardInterrupt:

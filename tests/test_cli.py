@@ -183,11 +183,18 @@ def test_entry_points_in_a_subprocess(write_script):
         f"no console script at {console_script}: install the package into this "
         "interpreter's environment (make test does: pip install -e .)"
     )
+    # The gradscope under test first on the path, wherever this checkout lies (the
+    # interpreter's editable install may point at another checkout of the repository).
+    under_test = str(Path(gradscope.__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [under_test, os.environ.get("PYTHONPATH")])),
+    }
     for command in (
         [sys.executable, "-m", "gradscope", "run", str(path), "--steps", "2"],
         [str(console_script), "run", str(path), "--steps", "2"],
     ):
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
         assert result.returncode == 0, result.stderr
         assert "layer" in result.stdout and "status" in result.stdout
         assert f"GRADSCOPE {gradscope.__file__}" in result.stderr.splitlines()

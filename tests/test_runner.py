@@ -243,3 +243,29 @@ def test_make_batch_is_called_exactly_once_per_step(write_script):
         runner.rewind(3)
         runner.step()
         assert len(calls) == 6
+
+
+RANDOM_SCRIPT = """
+import torch
+from torch import nn
+
+def build_model():
+    return nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.5), nn.Linear(8, 1))
+
+def make_batch(batch_size, device):
+    return torch.randn(batch_size, 3, device=device), torch.randn(batch_size, 1, device=device)
+"""
+
+
+def test_rewind_restores_the_random_state_so_the_steps_repeat_exactly(write_script):
+    """The batches (torch.randn) and the dropout masks after a rewind are those of the first
+    time: the random generator is restored with the model and the optimizer."""
+    loaded, settings = load_with_settings(
+        str(write_script(RANDOM_SCRIPT)), {"steps": 5, "rewind_depth": 5}
+    )
+    runner = StepRunner(loaded, settings)
+    first = [runner.step().loss for _ in range(4)]
+    torch.rand(100)  # what else the process draws in between must not matter
+    runner.rewind(1)
+    again = [runner.step().loss for _ in range(3)]
+    assert again == first[1:]

@@ -122,7 +122,14 @@ def _import_script(path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except SyntaxError as error:
         sys.modules.pop(name, None)
-        where = f"{error.filename or path}, line {error.lineno}"
+        if "null bytes" in str(error.msg):  # Python gives no line for these
+            raise ModelScriptError(
+                f"{path} is not a Python script: it holds NUL bytes (a binary file, or text "
+                "saved as UTF-16?); save it as UTF-8 text"
+            ) from None
+        where = str(error.filename or path)
+        if error.lineno is not None:
+            where += f", line {error.lineno}"
         detail = [error.text.rstrip("\n")] if error.text else []
         if detail and error.offset:
             detail.append(" " * (error.offset - 1) + "^")
@@ -205,6 +212,15 @@ def _guarded(function: Callable[..., Any], path: Path, what: str) -> Callable[..
                 f"{path.name}: {what} raised {type(error).__name__}: {error}",
                 user_traceback(error, [path]),
             ) from error
+        except BaseException as error:
+            if isinstance(error, (KeyboardInterrupt, GeneratorExit)):
+                raise
+            # A BaseException subclass of the user's (asyncio.CancelledError, a class of
+            # their own): their error like any other, not GradScope's.
+            raise ModelScriptError(
+                f"{path.name}: {what} raised {type(error).__name__}: {error}",
+                user_traceback(error, [path]),
+            ) from None
 
     call.__wrapped__ = function  # type: ignore[attr-defined]
     return call
@@ -323,7 +339,14 @@ def _load_state_dict(path_text: str) -> dict[str, torch.Tensor]:
         raise GradScopeError(f"{path} is not a regular file of weights")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as error:
+        # torch's message says "Unsupported global" for a class it will not unpickle; for
+        # bytes that are no pickle at all it names an opcode ("Unsupported operand 249").
+        if "global" not in str(error).lower():
+            raise GradScopeError(
+                f"{path} is not a PyTorch weights file (one torch.save wrote): "
+                f"{_unpickler_reason(error)}"
+            ) from None
         raise GradScopeError(
             f"{path} holds Python objects beyond tensors, which loading with "
             "weights_only=True refuses (unpickling them could run any code); save only the "
@@ -339,6 +362,18 @@ def _load_state_dict(path_text: str) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict):
         raise GradScopeError(f"{path} holds a {type(state).__name__}, not a state dict")
     return state
+
+
+def _unpickler_reason(error: BaseException) -> str:
+    """The line of torch's long weights_only message that says what it met."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    found = next((i for i, line in enumerate(lines) if "WeightsUnpickler error" in line), None)
+    if found is None:
+        return lines[0] if lines else type(error).__name__
+    detail = lines[found].split("WeightsUnpickler error:", 1)[1].strip()
+    if not detail and found + 1 < len(lines):
+        detail = lines[found + 1]
+    return detail or "its contents are not a pickle"
 
 
 def load_with_settings(

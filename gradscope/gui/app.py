@@ -58,11 +58,49 @@ def configure_plots() -> None:
                         imageAxisOrder="col-major")
 
 
+def _runs_user_code(source: str) -> bool:
+    """Opening ``source`` imports a model script that is not one of GradScope's samples
+    (a torchvision, ``hf:`` or ``timm:`` name builds a model without running user code)."""
+    if not source.endswith(".py"):
+        return False
+    return Path(source).resolve().parent != DEFAULT_SAMPLE.parent
+
+
+def script_to_offer(preferences: Any) -> str | None:
+    """The last model, when it is a script of the user's that still exists: the app does
+    not import it unasked at start (it may train, download, or be the script that crashed
+    the app), it offers File > Reopen instead."""
+    last = str(preferences.value("model/last", "") or "")
+    return last if last and _runs_user_code(last) and Path(last).exists() else None
+
+
 def default_model(preferences: Any) -> str | None:
-    last = preferences.value("model/last", "")
-    if last and (not str(last).endswith(".py") or Path(str(last)).exists()):
-        return str(last)
+    """What the app opens at start without arguments: the last model when it is a built-in
+    name or a sample; nothing when it is a script of the user's (see script_to_offer); the
+    default sample when there was none."""
+    last = str(preferences.value("model/last", "") or "")
+    if last and not _runs_user_code(last) and (not last.endswith(".py") or Path(last).exists()):
+        return last
+    if script_to_offer(preferences) is not None:
+        return None
     return str(DEFAULT_SAMPLE) if DEFAULT_SAMPLE.exists() else None
+
+
+def offer_reopen(window: Any, script: str, overrides: dict[str, Any],
+                 weights: str | None = None) -> Any:
+    """File > "Reopen NAME" (first in the menu) and a status-bar line saying so."""
+    from PySide6.QtGui import QAction
+
+    name = Path(script).name
+    action = QAction(f"Reopen {name}", window)
+    action.setStatusTip(f"Open {script} again (it was the last model)")
+    action.triggered.connect(lambda _=False: window.open_model(script, overrides, weights))
+    first = window.file_menu.actions()[0] if window.file_menu.actions() else None
+    window.file_menu.insertAction(first, action)
+    window.reopen_action = action
+    window.statusBar().showMessage(f"Your last model, {name}, is one click away: File ▸ "
+                                   f"Reopen {name}", 30000)
+    return action
 
 
 def launch(model: str | None, overrides: dict[str, Any], weights: str | None = None,
@@ -74,7 +112,7 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     problem = startup_problem()
     if problem is not None:  # Qt would abort with a message that does not say what to do
         print(problem, file=sys.stderr)
-        return 3
+        return 2  # a set-up problem for the user to fix (the exit-code contract), no bug
 
     from PySide6.QtCore import QSettings, QTimer
 
@@ -93,6 +131,8 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     # the garbage collector's way, so full collections (100+ ms here) do not stall the GUI.
     window.garbage_collector.settle()
     source = None if recording else (model or default_model(preferences))
+    if source is None and not recording and (script := script_to_offer(preferences)):
+        offer_reopen(window, script, overrides, weights)
     exit_code = {"value": 0}
 
     if screenshot is not None:

@@ -29,8 +29,11 @@ class ErrorDialog(QDialog):
     """The message in bold, then the relevant lines of the user's traceback, visible at once
     (not behind a "Show details" button)."""
 
+    SCRIPT_HINT = ("The app keeps running; the history so far stays on screen. "
+                   "Fix the script and use Run ▸ Restart (or File ▸ Open) to try again.")
+
     def __init__(self, parent: QWidget | None, title: str, message: str,
-                 details: list[str]) -> None:
+                 details: list[str], hint: str = SCRIPT_HINT) -> None:
         super().__init__(parent)
         self.setWindowTitle(title)
         self.message = message
@@ -54,11 +57,10 @@ class ErrorDialog(QDialog):
             self.traceback.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
             self.traceback.setMinimumHeight(120)
             layout.addWidget(self.traceback, 1)
-        hint = QLabel("The app keeps running; the history so far stays on screen. "
-                      "Fix the script and use Run ▸ Restart (or File ▸ Open) to try again.")
-        hint.setWordWrap(True)
-        hint.setStyleSheet("color: #666;")
-        layout.addWidget(hint)
+        hint_label = QLabel(hint)
+        hint_label.setWordWrap(True)
+        hint_label.setStyleSheet("color: #666;")
+        layout.addWidget(hint_label)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         buttons.accepted.connect(self.accept)

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from gradscope.gui.main_window import MainWindow
 
 FOLLOW_INTERVAL_MS = 500
+RECORDING_HINT = ("The app keeps running; what it showed stays on screen. Open another "
+                  "recording (or an older copy of this one) with File ▸ Open recording.")
 FIRST_VIEW_ROWS = 5000  # a long recording opens decimated to about this many steps
 RECENT_RUNS = 12
 SUFFIX = ".gsrec"
@@ -222,7 +224,7 @@ class RecordingController(QObject):
             tree, history = reader.load(max_rows=FIRST_VIEW_ROWS)
         except GradScopeError as error:
             dialog = ErrorDialog(self.window, "The recording could not be opened",
-                                 error.message, error.details)
+                                 error.message, error.details, hint=RECORDING_HINT)
             self.window.error_dialog = dialog
             dialog.open()
             return False

@@ -65,7 +65,10 @@ def test_default_model_is_the_last_one_or_the_sample(tmp_path: Path) -> None:
     script = tmp_path / "mine.py"
     script.write_text("")
     preferences.setValue("model/last", str(script))
-    assert default_model(preferences) == str(script)
+    assert default_model(preferences) is None  # a user's script is offered, not run
+    preferences.setValue("model/last", "resnet18")
+    assert default_model(preferences) == "resnet18"  # a built-in name is reopened
+    preferences.setValue("model/last", str(script))
     script.unlink()  # a last model that has gone falls back to the sample
     assert default_model(preferences) == str(DEFAULT_SAMPLE)
 

@@ -7,7 +7,6 @@ resolution. Reads run in short read transactions, which never block the writer.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -23,11 +22,9 @@ from gradscope.core.history import (
     MISSING,
     STATISTICS,
     STATUS_MISSING,
-    Event,
     RunHistory,
 )
 from gradscope.core.module_tree import ModuleTree
-from gradscope.core.origin import Origin
 from gradscope.core.recording.format import (
     _DENSE_TABLES,
     _FLAG_LOSS_GIVEN,
@@ -39,6 +36,19 @@ from gradscope.core.recording.format import (
     status_codes,
 )
 from gradscope.core.recording.lock import _lock_is_held
+from gradscope.core.recording.stored_values import (
+    StoredValueError,
+    blob,
+    event,
+    layer_row,
+    origin,
+    text,
+    tree_row,
+)
+
+# What building the history from a file's rows can raise when the file holds something
+# else than the format says (the stored_values checks catch most before numpy does).
+_DAMAGE = (ValueError, KeyError, IndexError, TypeError, AttributeError)
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -83,20 +93,28 @@ class RecordingReader:
             meta = _read_meta(self._connection, self.path)
             self.format_version: int = meta["format_version"]
             self._created = meta.get("created")
+            if not isinstance(self._created, (int, float)) or isinstance(self._created, bool):
+                # Without it, a reader cannot tell this file from a new one written over it.
+                raise StoredValueError("it has no creation time (meta.created)")
             self.settings: dict[str, Any] = _settings_of(meta.get("settings"), self.path)
             self.info: dict[str, str] = {
-                key[5:]: value for key, value in meta.items() if key.startswith("info.")
+                key[5:]: text(value, f"meta.{key}")
+                for key, value in meta.items()
+                if isinstance(key, str) and key.startswith("info.")
             }
-            tree_rows = self._connection.execute(
-                "SELECT name, type, own_params, total_params FROM tree ORDER BY position"
-            ).fetchall()
-        except sqlite3.DatabaseError as error:
+            tree_rows = [
+                tree_row(row)
+                for row in self._connection.execute(
+                    "SELECT name, type, own_params, total_params FROM tree ORDER BY position"
+                )
+            ]
+            self.tree: ModuleTree | None = ModuleTree.from_rows(tree_rows) if tree_rows else None
+        except (sqlite3.DatabaseError, *_DAMAGE) as error:
             self._connection.close()
             raise _damaged(self.path, error) from None
         except BaseException:
             self._connection.close()
             raise
-        self.tree: ModuleTree | None = ModuleTree.from_rows(tree_rows) if tree_rows else None
         self.loss_recorded = np.zeros(0, dtype=bool)
         self.decimation = 1
         self._last_row = -1
@@ -151,7 +169,7 @@ class RecordingReader:
         """The recorded layers, in order of first appearance (history columns)."""
         try:
             self._refresh_layers()
-        except sqlite3.DatabaseError as error:
+        except (sqlite3.DatabaseError, *_DAMAGE) as error:
             raise _damaged(self.path, error) from None
         return list(self._layer_names)
 
@@ -206,9 +224,7 @@ class RecordingReader:
                 added = self._read_block(history, stride, window)
             finally:
                 connection.execute("COMMIT")
-        except sqlite3.DatabaseError as error:
-            raise _damaged(self.path, error) from None
-        except (ValueError, KeyError, IndexError) as error:
+        except (sqlite3.DatabaseError, *_DAMAGE) as error:
             raise _damaged(self.path, error) from None
         return added
 
@@ -218,14 +234,18 @@ class RecordingReader:
             "SELECT position, name, type, params FROM layers WHERE position >= ? ORDER BY position",
             (len(self._layer_names),),
         ):
+            name, type_name, params = layer_row(name, type_name, params)
             self._layer_names.append(name)
             self._layer_types.append(type_name)
-            self._layer_params.append(int(params))
+            self._layer_params.append(params)
         known = max(self._sets, default=-1)
-        for set_id, blob in connection.execute(
+        for set_id, positions in connection.execute(
             "SELECT id, positions FROM layer_sets WHERE id > ? ORDER BY id", (known,)
         ):
-            self._sets[int(set_id)] = np.frombuffer(blob, dtype=np.int32)
+            stored = np.frombuffer(blob(positions, "a layer set's positions"), dtype=np.int32)
+            if len(stored) and not (0 <= stored.min() and stored.max() < len(self._layer_names)):
+                raise StoredValueError("a layer set names layers the recording does not have")
+            self._sets[int(set_id)] = stored
 
     def _read_block(self, history: RunHistory, stride: int, window: tuple[int, int] | None) -> int:
         """Append rows to ``history``: those after the last read (``window`` None: follow
@@ -348,7 +368,8 @@ class RecordingReader:
             if len(blobs) != n:
                 raise ValueError(f"{name} has {len(blobs)} rows for {n} steps")
             dtype = np.uint8 if name == "status" else np.float32
-            flat = np.frombuffer(b"".join(b for (b,) in blobs), dtype=dtype)
+            what = f"a step's {name} values"
+            flat = np.frombuffer(b"".join(blob(b, what) for (b,) in blobs), dtype=dtype)
             del blobs
             if name == "status":
                 flat = status_codes(flat, self.format_version)
@@ -367,7 +388,8 @@ class RecordingReader:
         ).fetchall()
         if sparse:
             which = np.searchsorted(rows, np.array([r for r, _ in sparse], dtype=np.int64))
-            flat = np.frombuffer(b"".join(b for _, b in sparse), dtype=np.float32)
+            what = "a step's update_ratio values"
+            flat = np.frombuffer(b"".join(blob(b, what) for _, b in sparse), dtype=np.float32)
             scatter(ratios, flat, None if len(which) == n else which)
 
         block_status = history._status[start:end][:, columns]
@@ -377,7 +399,8 @@ class RecordingReader:
             stored = connection.execute(
                 "SELECT value FROM meta WHERE key = 'worst_status'"
             ).fetchone()
-            worst = np.frombuffer(stored[0] or b"", dtype=np.uint8)[: len(columns)]
+            worst_blob = blob(stored[0] or b"", "meta.worst_status")
+            worst = np.frombuffer(worst_blob, dtype=np.uint8)[: len(columns)]
             worst = status_codes(worst, self.format_version)
             seen = np.zeros(len(columns), dtype=np.uint8)
             seen[: len(worst)] = worst
@@ -416,19 +439,16 @@ class RecordingReader:
         self, history: RunHistory, events: list[Any], origin_data: str | None, follow: bool
     ) -> None:
         for event_id, step, kind, layer, message in events:
-            history.events.append(Event(int(step), kind, layer, message))
+            history.events.append(event(step, kind, layer, message))
             if follow:
                 self._last_event = int(event_id)
-        known = {f.name for f in dataclasses.fields(Origin)}
         if origin_data is not None and history.first_nonfinite is None:
-            data = json.loads(origin_data)
-            history.first_nonfinite = Origin(**{k: v for k, v in data.items() if k in known})
+            history.first_nonfinite = origin(origin_data)
         # Every episode's origin, each once (also when following a live recording).
         for origin_id, data in self._connection.execute(
             "SELECT id, data FROM origins WHERE id > ? ORDER BY id", (self._last_origin,)
         ).fetchall():
-            parsed = json.loads(data)
-            history.origins.append(Origin(**{k: v for k, v in parsed.items() if k in known}))
+            history.origins.append(origin(data))
             self._last_origin = int(origin_id)
 
     # -- lazy reading -----------------------------------------------------------------
@@ -484,7 +504,8 @@ class RecordingReader:
                     ).fetchall()
                     if found:
                         rows = np.fromiter((r for r, _ in found), dtype=np.int64, count=len(found))
-                        flat = np.frombuffer(b"".join(b for _, b in found), dtype=dtype)
+                        what = f"a step's {statistic} values"
+                        flat = np.frombuffer(b"".join(blob(b, what) for _, b in found), dtype=dtype)
                         if statistic == "status":
                             flat = status_codes(flat, self.format_version)
                         if len(flat) != len(found):
@@ -492,8 +513,6 @@ class RecordingReader:
                         values[np.searchsorted(table[:, 0], rows)] = flat
             finally:
                 connection.execute("COMMIT")
-        except sqlite3.DatabaseError as error:
-            raise _damaged(self.path, error) from None
-        except ValueError as error:
+        except (sqlite3.DatabaseError, *_DAMAGE) as error:
             raise _damaged(self.path, error) from None
         return table[:, 1].copy(), values

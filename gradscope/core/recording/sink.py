@@ -165,13 +165,20 @@ class RecordingSink:
             self.writer.append(stats, watch.layers, origin=stats.origin)
 
     def close(self) -> None:
+        """Write what is left; a recording that stopped (a full disk, say) was warned about
+        when it stopped and is no error here: closing a watch never breaks the user's
+        script (what it does next, saving a checkpoint, must run)."""
         atexit.unregister(self._exit_hook)
         try:
             if self._held is not None:
                 self.writer.append(*self._held[:2], origin=self._held[2])
                 self._held = None
         finally:
-            self.writer.close()
+            try:
+                self.writer.close()
+            except GradScopeError:
+                if self.writer.stopped is None:
+                    raise
 
 
 def _close_sink(reference: weakref.ref[RecordingSink]) -> None:

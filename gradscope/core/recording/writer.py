@@ -43,6 +43,7 @@ from gradscope.core.history import (
     status_onsets,
 )
 from gradscope.core.module_tree import ModuleTree
+from gradscope.core.recording.disk_full import disk_full_message, is_disk_full
 from gradscope.core.recording.format import (
     _FLAG_LOSS_GIVEN,
     _FLAG_LOSS_NONFINITE,
@@ -131,6 +132,8 @@ class RecordingWriter:
         self._warned = False
         self._closed = False
         self._failure: BaseException | None = None
+        # The warning the writer thread gave when it stopped (None while it writes).
+        self.stopped: str | None = None
         self._token = uuid.uuid4().hex
         self.max_pending = max(1, int(max_pending))
         # A deque, not a queue.Queue: appending takes no lock and wakes nobody, so the writer
@@ -142,6 +145,7 @@ class RecordingWriter:
         self._connection = self._open(overwrite, header)
         # Writer-thread state.
         self._next_row = 0
+        self._committed_rows = 0
         self._set_ids: dict[tuple[str, ...], tuple[int, np.ndarray]] = {}
         self._last_layers: Sequence[LayerInfo] | None = None
         self._last_set: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int32))
@@ -158,6 +162,7 @@ class RecordingWriter:
         self, overwrite: bool, header: list[tuple[str, list[tuple[Any, ...]]]]
     ) -> sqlite3.Connection:
         path = self.path
+        new_file = not path.exists()  # removed again if creating it fails
         exists = path.exists() and path.stat().st_size > 0
         if exists:
             _check_header(path)
@@ -170,7 +175,10 @@ class RecordingWriter:
             connection.execute("PRAGMA journal_mode = WAL")
             connection.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.Error as error:
-            raise GradScopeError(f"cannot write a recording at {path}: {error}") from None
+            if new_file:
+                _remove_new_file(path)
+            reason = disk_full_message(path, error) if is_disk_full(error) else error
+            raise GradScopeError(f"cannot write a recording at {path}: {reason}") from None
         try:
             connection.execute("BEGIN IMMEDIATE")
             try:
@@ -205,10 +213,16 @@ class RecordingWriter:
                     connection.executemany(statement, rows)
                 connection.execute("COMMIT")
             except BaseException:
-                connection.execute("ROLLBACK")
+                _roll_back(connection)
                 raise
         except sqlite3.OperationalError as error:
             connection.close()
+            if new_file:
+                _remove_new_file(path)
+            if is_disk_full(error):
+                raise GradScopeError(
+                    f"cannot write a recording at {path}: {disk_full_message(path, error)}"
+                ) from None
             if "locked" in str(error) or "busy" in str(error):
                 raise GradScopeError(
                     f"{path} is being written by another process; two processes cannot "
@@ -220,6 +234,8 @@ class RecordingWriter:
             raise _damaged(path, error) from None
         except BaseException:
             connection.close()
+            if new_file:
+                _remove_new_file(path)
             raise
         return connection
 
@@ -393,9 +409,15 @@ class RecordingWriter:
         except BaseException as error:  # disk full, file removed, lock taken over...
             self._failure = error
             self._release_lock()
-            warnings.warn(
-                f"recording to {self.path} stopped: {error}", RuntimeWarning, stacklevel=1
-            )
+            if is_disk_full(error):
+                reason = (
+                    f"{disk_full_message(self.path, error)}; the {self._committed_rows} step(s) "
+                    "committed before stay readable, training goes on"
+                )
+            else:
+                reason = str(error)
+            self.stopped = f"recording to {self.path} stopped: {reason}"
+            warnings.warn(self.stopped, RuntimeWarning, stacklevel=1)
             self._drain()
         finally:
             self.thread_seconds = time.thread_time() - started
@@ -591,8 +613,9 @@ class RecordingWriter:
             )
             connection.execute("COMMIT")
         except BaseException:
-            connection.execute("ROLLBACK")
+            _roll_back(connection)
             raise
+        self._committed_rows = self._next_row
 
     def _check_owner(self) -> None:
         owner = self._connection.execute("SELECT token FROM writer_lock WHERE id = 1").fetchone()
@@ -663,8 +686,29 @@ class RecordingWriter:
                 )
             connection.execute("COMMIT")
         except BaseException:
-            connection.execute("ROLLBACK")
+            _roll_back(connection)
             raise
+        self._committed_rows = self._next_row
         if finished:
             # Fold the WAL into the file, so a finished recording is one file again.
             connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _roll_back(connection: sqlite3.Connection) -> None:
+    """Roll back after a failed statement, keeping that statement's error: SQLite has
+    already rolled back by itself after some (a full disk), and a second ROLLBACK would
+    replace the reason with "no transaction is active"."""
+    if connection.in_transaction:
+        try:
+            connection.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+def _remove_new_file(path: Path) -> None:
+    """Creating a new recording failed: leave no partial file (nor its WAL) behind."""
+    for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-journal")):
+        try:
+            leftover.unlink()
+        except OSError:
+            pass

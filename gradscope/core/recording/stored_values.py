@@ -1,0 +1,129 @@
+"""Checking what a recording's rows hold before the reader builds anything from them.
+
+SQLite columns take any type, so a damaged or hand-edited file can hold text where a BLOB
+belongs, a JSON list where an object belongs, or an origin without its step. Each function
+here returns the value as the reader needs it, or raises :class:`StoredValueError` saying
+which value is wrong; the reader turns that into its one-line "is damaged" message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gradscope.core.facts import Origin
+from gradscope.core.history import Event
+
+
+class StoredValueError(ValueError):
+    """A value in the file is not what the format stores there."""
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    return {bytes: "a BLOB", str: "text", int: "an integer", float: "a real number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def blob(value: Any, what: str) -> bytes:
+    """A BLOB column's bytes."""
+    if not isinstance(value, bytes):
+        raise StoredValueError(f"{what} is {_kind(value)}, not a BLOB")
+    return value
+
+
+def integer(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise StoredValueError(f"{what} is {_kind(value)}, not an integer")
+    return value
+
+
+def text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise StoredValueError(f"{what} is {_kind(value)}, not text")
+    return value
+
+
+def optional_text(value: Any, what: str) -> str | None:
+    return None if value is None else text(value, what)
+
+
+def number(value: Any, what: str) -> float | None:
+    """A REAL column (NULL stands for NaN or "not given")."""
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise StoredValueError(f"{what} is {_kind(value)}, not a number")
+    return float(value)
+
+
+def layer_row(name: Any, type_name: Any, params: Any) -> tuple[str, str, int]:
+    return (
+        text(name, "a layer's name"),
+        text(type_name, f"layer {name!r}'s type"),
+        integer(params, f"layer {name!r}'s parameter count"),
+    )
+
+
+def tree_row(row: tuple[Any, ...]) -> tuple[str, str, int, int]:
+    name, type_name, own, total = row
+    return (
+        text(name, "a module's name in the tree"),
+        text(type_name, f"module {name!r}'s type"),
+        integer(own, f"module {name!r}'s parameter count"),
+        integer(total, f"module {name!r}'s total parameter count"),
+    )
+
+
+def event(step: Any, kind: Any, layer: Any, message: Any) -> Event:
+    return Event(
+        integer(step, "an event's step"),
+        text(kind, "an event's kind"),
+        optional_text(layer, "an event's layer"),
+        text(message, "an event's message"),
+    )
+
+
+_ORIGIN_TEXT = ("phase", "tensor", "kind")
+_ORIGIN_OPTIONAL_TEXT = ("module", "op", "file", "code")
+
+
+def origin(data: Any) -> Origin:
+    """An ``origins`` row's JSON: an object with Origin's fields (unknown keys are ignored,
+    so a newer writer's additions do not make the file unreadable)."""
+    try:
+        parsed = json.loads(text(data, "a NaN/Inf origin"))
+    except json.JSONDecodeError as error:
+        raise StoredValueError(f"a NaN/Inf origin is not valid JSON ({error})") from None
+    if not isinstance(parsed, dict):
+        raise StoredValueError(f"a NaN/Inf origin is a JSON {type(parsed).__name__}, not an object")
+    missing = [key for key in ("step", *_ORIGIN_TEXT) if key not in parsed]
+    if missing:
+        raise StoredValueError(f"a NaN/Inf origin lacks {', '.join(missing)}")
+    step = integer(parsed["step"], "a NaN/Inf origin's step")
+    for key in _ORIGIN_TEXT:
+        text(parsed[key], f"a NaN/Inf origin's {key}")
+    for key in _ORIGIN_OPTIONAL_TEXT:
+        optional_text(parsed.get(key), f"a NaN/Inf origin's {key}")
+    line = parsed.get("line")
+    if line is not None:
+        integer(line, "a NaN/Inf origin's line")
+    details = parsed.get("details", {})
+    if not isinstance(details, dict):
+        raise StoredValueError(
+            f"a NaN/Inf origin's details are a JSON {type(details).__name__}, not an object"
+        )
+    return Origin(
+        step=step,
+        phase=parsed["phase"],
+        module=parsed.get("module"),
+        tensor=parsed["tensor"],
+        kind=parsed["kind"],
+        op=parsed.get("op"),
+        file=parsed.get("file"),
+        line=line,
+        code=parsed.get("code"),
+        details=details,
+    )

@@ -159,8 +159,8 @@ class Headless:
     off: it collects on the GUI thread's event loop, which does not run while this steps.)"""
 
     def __init__(self, script: str, defaults: dict | None = None) -> None:
-        from gradscope.core.loading import load_with_settings
         from gradscope.core.runner import StepRunner
+        from gradscope.core.sources import load_with_settings
 
         loaded, settings = load_with_settings(script, {}, defaults=defaults or {})
         self.runner = StepRunner(loaded, settings)

@@ -339,8 +339,8 @@ def _run_one_process(args: argparse.Namespace) -> int:
     Ctrl+C, a GradScope bug), the steps finished so far are printed and written to --json
     with an ``"error"`` saying what stopped it, and the exit code follows the contract."""
     from gradscope.core.history import RunHistory
-    from gradscope.core.loading import load_with_settings
     from gradscope.core.runner import StepRunner
+    from gradscope.core.sources import load_with_settings
 
     if args.json:
         _check_output_path(args.json, "--json")
@@ -477,9 +477,9 @@ def _run_distributed(args: argparse.Namespace) -> int:
         check_request,
         launch,
     )
-    from gradscope.core.loading import load_with_settings
     from gradscope.core.rank_facts import rank_lines, ranks_json
     from gradscope.core.report import origin_to_json
+    from gradscope.core.sources import load_with_settings
 
     if args.json:
         _check_output_path(args.json, "--json")

@@ -203,7 +203,7 @@ def test_entry_points_in_a_subprocess(write_script):
 def test_torchvision_state_dict_is_loaded_weights_only(capsys, tmp_path):
     import torchvision
 
-    from gradscope.core.loading import load_source
+    from gradscope.core.sources import load_source
 
     torch.manual_seed(3)
     model = torchvision.models.squeezenet1_1()

@@ -8,9 +8,9 @@ import torch
 from models.nan_models import BackwardNaN, ForwardNaN
 from torch import nn
 
-from gradscope.core.loading import load_with_settings
 from gradscope.core.origin import locate_first_nonfinite
 from gradscope.core.runner import StepRunner
+from gradscope.core.sources import load_with_settings
 from gradscope.core.watch import STATUS_EXPLODING, GradientWatch
 
 REPO = Path(__file__).resolve().parents[1]

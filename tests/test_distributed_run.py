@@ -273,7 +273,7 @@ def test_fsdp_shards_each_child_that_owns_parameters_then_the_root(one_rank_grou
     from torch.distributed.tensor import DTensor
 
     from gradscope.core.distributed.worker import DistributedStepRunner
-    from gradscope.core.loading import load_with_settings
+    from gradscope.core.sources import load_with_settings
 
     loaded, settings = load_with_settings(str(SCRIPT), {"device": "cpu", "steps": 3})
     runner = DistributedStepRunner(loaded, settings, rank=0, world_size=1, fsdp=True, watch=False)

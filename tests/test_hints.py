@@ -241,8 +241,8 @@ def test_reduction_of_too_few_evidence_mean_over_an_empty_selection():
 
 
 def test_default_loss_evidence_the_op_ran_in_gradscopes_default_loss():
-    from gradscope.core.loading import load_with_settings
     from gradscope.core.runner import StepRunner
+    from gradscope.core.sources import load_with_settings
 
     path = Path(__file__).parent.parent / "sample_models" / "exploding_gru_long_sequences.py"
     loaded, settings = load_with_settings(str(path), {})

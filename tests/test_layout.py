@@ -70,7 +70,7 @@ def test_engine_cli_and_app_import_no_optional_library_unless_asked():
     code = (
         "import sys, gradscope, gradscope.cli, gradscope.core.runner, gradscope.core.zoo, "
         "gradscope.integrations\n"
-        "from gradscope.core.loading import load_with_settings\n"
+        "from gradscope.core.sources import load_with_settings\n"
         "load_with_settings('sample_models/seed_explosion.py')\n"
         "load_with_settings('resnet18')\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {OPTIONAL_LIBRARIES!r}]\n"

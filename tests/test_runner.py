@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 from gradscope.core.history import RunHistory
-from gradscope.core.loading import load_with_settings
 from gradscope.core.runner import StepRunner
 from gradscope.core.settings import RunSettings
+from gradscope.core.sources import load_with_settings
 from gradscope.core.watch import STATUS_EXPLODING, STATUS_OK
 
 REPO = Path(__file__).resolve().parents[1]

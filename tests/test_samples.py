@@ -20,9 +20,9 @@ import torch
 
 from gradscope.cli import main
 from gradscope.core.history import RunHistory
-from gradscope.core.loading import load_with_settings
 from gradscope.core.origin import Origin
 from gradscope.core.runner import StepResult, StepRunner
+from gradscope.core.sources import load_with_settings
 from gradscope.core.watch import (
     STATUS_EXPLODING,
     STATUS_NAMES,

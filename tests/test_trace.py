@@ -9,8 +9,8 @@ import torchvision
 from torch import nn
 
 from gradscope.cli import main
-from gradscope.core.loading import load_with_settings
 from gradscope.core.runner import StepRunner
+from gradscope.core.sources import load_with_settings
 from gradscope.core.trace import trace_step
 
 REPO = Path(__file__).resolve().parents[1]

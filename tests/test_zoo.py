@@ -16,8 +16,8 @@ import transformers
 
 from gradscope.cli import main
 from gradscope.core.errors import GradScopeError
-from gradscope.core.loading import load_with_settings
 from gradscope.core.runner import StepRunner
+from gradscope.core.sources import load_with_settings
 
 REPO = Path(__file__).resolve().parents[1]
 

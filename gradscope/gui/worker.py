@@ -175,8 +175,8 @@ class RunWorker(QObject):
     # -- slots, in the run thread ----------------------------------------------------------
     @Slot(object)
     def load(self, request: LoadRequest) -> None:
-        from gradscope.core.loading import load_with_settings
         from gradscope.core.runner import StepRunner
+        from gradscope.core.sources import load_with_settings
 
         # The model loaded now stays usable until the new one has loaded: a failed open
         # loses nothing.

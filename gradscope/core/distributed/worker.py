@@ -30,9 +30,10 @@ from torch import nn
 
 from gradscope.core.distributed import rank_stream
 from gradscope.core.errors import GradScopeError
-from gradscope.core.loading import LoadedModel, load_with_settings
+from gradscope.core.loading import LoadedModel
 from gradscope.core.runner import StepResult, StepRunner, _tensors_in, resolve_device
 from gradscope.core.settings import RunSettings
+from gradscope.core.sources import load_with_settings
 
 
 def owns_parameters(module: nn.Module) -> bool:

@@ -30,6 +30,8 @@ def engine_path(request, monkeypatch):
     shape and large ones' max |g| by aminmax per tensor (the CPU path); fused
     ``_foreach_norm`` calls for the large ones (the CUDA path), forced onto CPU here so that
     it is checked without a GPU; and no tensor stacked (every one read as a large one)."""
+    if request.param == "per-tensor":  # every small tensor stacked, however few share a shape
+        monkeypatch.setattr(binding_module, "STACK_MIN", 1)
     if request.param == "fused":
         monkeypatch.setattr(figures_module, "PER_TENSOR_DEVICES", ())
     if request.param == "unstacked":

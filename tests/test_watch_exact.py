@@ -67,6 +67,7 @@ def test_vanishing_gradients_equal_float64_on_every_step(read, monkeypatch):
 
 def test_stacked_reads_cover_shapes_in_batches_and_keep_parameter_order(monkeypatch):
     monkeypatch.setattr(binding_module, "STACK_ELEMENTS", 64 * 3)  # three 8x8 weights a batch
+    monkeypatch.setattr(binding_module, "STACK_MIN", 1)  # every shape stacked, even one tensor
     torch.manual_seed(0)
     shapes = [(8, 8), (8, 4), (4, 8)] + [(8, 8)] * 5  # interleaved shapes
     model = nn.Sequential(*(nn.Linear(a, b) for a, b in shapes))

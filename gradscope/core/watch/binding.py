@@ -30,6 +30,10 @@ from gradscope.core.wrappers import named_layers, named_parameters
 SMALL_NUMEL = 4096
 # At most this many elements are stacked in one batch (bounds the float64 copy's memory).
 STACK_ELEMENTS = 1 << 22
+# A shape shared by fewer small tensors than this is read with its device's other tensors by
+# the fused call (a stacked batch's few ops cost more than that call's per-tensor cost for
+# a handful); a norm that may have lost squares is then read again exactly.
+STACK_MIN = 32
 
 
 @dataclass
@@ -100,6 +104,15 @@ def group_parameters(
         if spec is not None:
             groups[key].flat.append(spec)
     found = []
+    for key, group in list(groups.items()):
+        if group.stacked and len(group.params) < STACK_MIN:
+            # Too few of this shape: read with the fused call, as a large group's members.
+            del groups[key]
+            plain = (key[0], key[1], False, 0, False, None, False)
+            if plain not in groups:
+                groups[plain] = ParameterGroup([], [])
+            groups[plain].indices.extend(group.indices)
+            groups[plain].params.extend(group.params)
     for group in groups.values():
         if group.stacked and len(group.params) > 1:
             # Split so that no batch stacks more than STACK_ELEMENTS elements.

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gradscope.core.diagnosis import hint_for
-from gradscope.core.facts import Origin, StepStats
+from gradscope.core.facts import LayerInfo, Origin, StepStats
 from gradscope.core.safe_locate import locate_safely, statistics_origin
 from gradscope.core.watch.distributed import name_the_rank
 
@@ -33,7 +33,7 @@ class Episodes:
         stats: StepStats,
         *,
         model: Any,
-        layer_names: Sequence[str],
+        layers: Sequence[LayerInfo],
         locate: Callable[[], Any] | None,
         batch: Any,
         sharded: bool,
@@ -47,7 +47,7 @@ class Episodes:
         if self.in_episode:
             return
         self.in_episode = True
-        names = list(layer_names)
+        names = [layer.name for layer in layers]
         if locate is None:
             origin = statistics_origin(stats, names)
             if sharded:

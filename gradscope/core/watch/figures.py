@@ -57,9 +57,9 @@ def stacked_squares(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def stacked_max(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Max |g| of tensors of one shape, by stacking them (float64, NaN propagates)."""
+    """Max |g| of tensors of one shape, by stacking them (NaN propagates)."""
     batch = torch.stack(list(tensors)).reshape(len(tensors), -1)
-    return batch.abs().amax(dim=1).double()
+    return batch.abs().amax(dim=1)
 
 
 def exact_norms_of(values: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -10,6 +10,7 @@ on rare steps (exact), per-layer aggregation (layers) and status (status), NaN/I
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -313,10 +314,12 @@ class GradientWatch:
         exact = ExactReads(binding, self.exchange, self.unreduced)
         param_norm, param_max = figures.param_norm, figures.param_max
         unwatched_sq = figures.unwatched_sq
-        suspicious = ~(np.isfinite(param_norm) & np.isfinite(param_max))
-        counted = bool(suspicious.any())
+        # One sum says that every figure is finite (the common step); an overflowed sum of
+        # finite figures only takes the closer look.
+        counted = not math.isfinite(param_norm.sum() + param_max.sum())
         nan_per_param = inf_per_param = None
         if counted:
+            suspicious = ~(np.isfinite(param_norm) & np.isfinite(param_max))
             nan_per_param = np.zeros(n_params, dtype=np.int64)
             inf_per_param = np.zeros(n_params, dtype=np.int64)
             exact.count_nonfinite(
@@ -377,9 +380,9 @@ class GradientWatch:
         # Decided from the statuses alone under sharding: every rank then takes the same
         # decision (the second read exchanges figures); a rank's own loss could differ.
         trouble = not binding.sharded and (loss_nonfinite or unwatched_nonfinite or collapsed)
-        if not figures.detail and (
-            trouble or self.statuses.changed(status) or (status == STATUS_NONFINITE).any()
-        ):
+        # A nonfinite status comes from NaN/Inf counts or a NaN norm, which the sum above saw.
+        nonfinite = counted and bool((status == STATUS_NONFINITE).any())
+        if not figures.detail and (trouble or self.statuses.changed(status) or nonfinite):
             # A step that goes wrong or changes status always gets the detail: read it now.
             # Sharded groups too (one more collective), when every rank takes this decision
             # from the same reduced figures; with mixed sharding they had it already.
@@ -426,7 +429,7 @@ class GradientWatch:
         self.episodes.follow(
             stats,
             model=self.wrapped_model,
-            layer_names=[layer.name for layer in self.layers],
+            layers=self.layers,
             locate=locate,
             batch=batch,
             sharded=binding.sharded,

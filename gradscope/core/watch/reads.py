@@ -151,7 +151,7 @@ def _queue_large(
     norms = torch._foreach_norm(
         grads + params if detail else grads, 2, dtype=accumulation_dtype(sample)
     )
-    pieces.append(torch.stack(norms).double())
+    pieces.append(torch.stack(norms))
     nonempty = None
     pairs = detail and sample.device.type in tensor_reads.PER_TENSOR_DEVICES
     if detail and group.sparse_capable:  # a sparse gradient can store nothing
@@ -165,9 +165,9 @@ def _queue_large(
         # Max |g| on a CPU by one aminmax per gradient: there _foreach_norm's ord inf is
         # several times slower (measured: 2.4 ms against 0.15 ms on the benchmark's MLP).
         found = [torch.aminmax(g.abs() if g.is_complex() else g) for g in grads]
-        pieces.append(torch.stack([v for pair in found for v in pair]).double())
+        pieces.append(torch.stack([v for pair in found for v in pair]))
     elif detail and grads:
-        pieces.append(torch.stack(torch._foreach_norm(grads, float("inf"))).double())
+        pieces.append(torch.stack(torch._foreach_norm(grads, float("inf"))))
     return Entry(
         "watched",
         count=len(params),
@@ -288,12 +288,12 @@ def launch(
         )
     scale = scale_tensor(watch.scaler) if facts else None
     if scale is not None:
-        parts.setdefault(scale.device, []).append(scale.detach().reshape(1).double())
+        parts.setdefault(scale.device, []).append(scale.detach().reshape(1))
         layout.setdefault(scale.device, []).append(Entry("scale"))
     if loss is not None:
         value = loss.detach().reshape(1)
         parts.setdefault(loss.device, []).append(
-            (value.real if value.is_complex() else value).double()
+            value.real if value.is_complex() else value
         )
         layout.setdefault(loss.device, []).append(Entry("loss"))
     tails: dict[torch.device, torch.Tensor] = {}
@@ -317,7 +317,11 @@ def launch(
         pieces = parts.get(device, [])
         if device in tails:
             pieces = [*pieces, tails[device]]
+        # One vector per device, in the widest dtype of its pieces (cat promotes: float32
+        # norms beside float64 sums of squares; a half-precision loss alone becomes float32).
         vector = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        if vector.dtype not in (torch.float32, torch.float64):
+            vector = vector.float()
         transfers.append(Transfer(start_host_copy(vector), entries))
     return transfers
 
@@ -335,6 +339,8 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
     param_weight = watch.weight_norm
     for transfer in transfers:
         values = transfer.copy.wait()
+        if values.dtype != np.float64:
+            values = values.astype(np.float64)
         cursor = 0
         for entry in transfer.entries:
             kind = entry.kind

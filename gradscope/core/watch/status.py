@@ -21,6 +21,11 @@ def classify(
 ) -> np.ndarray:
     """Status per layer from this step's figures alone."""
     status = np.full(grad_norm.shape, STATUS_OK, dtype=np.uint8)
+    if not len(status):
+        return status
+    low, high = grad_norm.min(), grad_norm.max()
+    if low >= vanish_threshold and high <= explode_threshold and not nonfinite_count.any():
+        return status  # every layer ok (a NaN norm fails both comparisons)
     with np.errstate(invalid="ignore"):
         status[grad_norm < vanish_threshold] = STATUS_VANISHING
         status[grad_norm > explode_threshold] = STATUS_EXPLODING
@@ -37,7 +42,7 @@ class StatusTracker:
 
     def __init__(self, vanish_steps: int = 3) -> None:
         self.vanish_steps = int(vanish_steps)
-        self.previous: np.ndarray | None = None
+        self.previous: bytes | None = None
         # Per layer: consecutive measured steps under the vanish threshold so far.
         self._below: np.ndarray | None = None
 
@@ -46,18 +51,20 @@ class StatusTracker:
         ``vanish_steps`` measured steps (in place). ``measured``: the layers that got a
         gradient this step; the others keep their count."""
         below = self._below
+        vanishing = status == STATUS_VANISHING
+        if below is None and not vanishing.any():
+            return  # nothing under the threshold, now or before
         if below is None or len(below) != len(status):
             below = np.zeros(len(status), dtype=np.int64)
-        vanishing = status == STATUS_VANISHING
         below = np.where(vanishing, below + 1, np.where(measured, 0, below))
-        self._below = below
+        self._below = below if below.any() else None
         status[vanishing & (below < self.vanish_steps)] = STATUS_OK
 
     def changed(self, status: np.ndarray) -> bool:
-        return self.previous is None or not np.array_equal(status, self.previous)
+        return status.tobytes() != self.previous
 
     def keep(self, status: np.ndarray) -> None:
-        self.previous = status
+        self.previous = status.tobytes()
 
     def forget(self) -> None:
         """A new timeline (a rewind, a replaced watch): no status before it."""

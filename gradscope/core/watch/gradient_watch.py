@@ -344,23 +344,25 @@ class GradientWatch:
         layers = len(binding.offsets)
         with np.errstate(over="ignore", invalid="ignore"):
             grad_norm, watched_sq = layer_norms(binding, param_norm)
-            total = float(np.sqrt(watched_sq + unwatched_sq))
+            total = math.sqrt(watched_sq + unwatched_sq)
         if counted:
             nan_count = layer_sums(binding, nan_per_param)
             inf_count = layer_sums(binding, inf_per_param)
         else:  # the common step: nothing to count
-            nan_count = np.zeros(layers, dtype=np.int64)
-            inf_count = np.zeros(layers, dtype=np.int64)
+            nan_count, inf_count = np.zeros((2, layers), dtype=np.int64)
         status = classify(
-            grad_norm, nan_count + inf_count, self.explode_threshold, self.vanish_threshold
+            grad_norm,
+            nan_count + inf_count if counted else nan_count,
+            self.explode_threshold,
+            self.vanish_threshold,
         )
-        measured = np.ones(layers, dtype=bool)
+        measured = None  # every layer got a gradient
         if not figures.has_grad.all() or binding.has_empty_layers:
             with_grad = layer_sums(binding, figures.has_grad.astype(np.intp))
-            without = np.flatnonzero(with_grad == 0)
+            measured = with_grad > 0
+            without = np.flatnonzero(~measured)
             if len(without):
                 status[without] = absent_status(binding, without)
-                measured[without] = False
         self.statuses.persist(status, measured)
         loss_value = figures.loss
         loss_nonfinite = loss_value is not None and not np.isfinite(loss_value)
@@ -382,7 +384,8 @@ class GradientWatch:
         trouble = not binding.sharded and (loss_nonfinite or unwatched_nonfinite or collapsed)
         # A nonfinite status comes from NaN/Inf counts or a NaN norm, which the sum above saw.
         nonfinite = counted and bool((status == STATUS_NONFINITE).any())
-        if not figures.detail and (trouble or self.statuses.changed(status) or nonfinite):
+        statuses = status.tobytes()
+        if not figures.detail and (trouble or self.statuses.changed(statuses) or nonfinite):
             # A step that goes wrong or changes status always gets the detail: read it now.
             # Sharded groups too (one more collective), when every rank takes this decision
             # from the same reduced figures; with mixed sharding they had it already.
@@ -399,7 +402,7 @@ class GradientWatch:
             )
             param_max = np.where(again.has_grad, again.param_max, param_max)
             figures.detail = True
-        self.statuses.keep(status)
+        self.statuses.keep(statuses)
         max_abs = weight_norm = None
         if figures.detail:
             with np.errstate(over="ignore", invalid="ignore"):

@@ -292,9 +292,7 @@ def launch(
         layout.setdefault(scale.device, []).append(Entry("scale"))
     if loss is not None:
         value = loss.detach().reshape(1)
-        parts.setdefault(loss.device, []).append(
-            value.real if value.is_complex() else value
-        )
+        parts.setdefault(loss.device, []).append(value.real if value.is_complex() else value)
         layout.setdefault(loss.device, []).append(Entry("loss"))
     tails: dict[torch.device, torch.Tensor] = {}
     with_facts = facts and watch.exchange is not None
@@ -338,9 +336,8 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
     param_norm, param_max, has_grad = figures.param_norm, figures.param_max, figures.has_grad
     param_weight = watch.weight_norm
     for transfer in transfers:
+        # float32 figures widen as they are placed into the float64 arrays
         values = transfer.copy.wait()
-        if values.dtype != np.float64:
-            values = values.astype(np.float64)
         cursor = 0
         for entry in transfer.entries:
             kind = entry.kind

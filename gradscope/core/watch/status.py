@@ -46,25 +46,28 @@ class StatusTracker:
         # Per layer: consecutive measured steps under the vanish threshold so far.
         self._below: np.ndarray | None = None
 
-    def persist(self, status: np.ndarray, measured: np.ndarray) -> None:
+    def persist(self, status: np.ndarray, measured: np.ndarray | None) -> None:
         """Turn this step's momentary "vanishing" into "ok" until it has lasted
         ``vanish_steps`` measured steps (in place). ``measured``: the layers that got a
-        gradient this step; the others keep their count."""
+        gradient this step (None: all of them); the others keep their count."""
         below = self._below
         vanishing = status == STATUS_VANISHING
         if below is None and not vanishing.any():
             return  # nothing under the threshold, now or before
         if below is None or len(below) != len(status):
             below = np.zeros(len(status), dtype=np.int64)
-        below = np.where(vanishing, below + 1, np.where(measured, 0, below))
+        below = np.where(
+            vanishing, below + 1, 0 if measured is None else np.where(measured, 0, below)
+        )
         self._below = below if below.any() else None
         status[vanishing & (below < self.vanish_steps)] = STATUS_OK
 
-    def changed(self, status: np.ndarray) -> bool:
-        return status.tobytes() != self.previous
+    def changed(self, statuses: bytes) -> bool:
+        """Whether a step's statuses (``status.tobytes()``) differ from the last step's."""
+        return statuses != self.previous
 
-    def keep(self, status: np.ndarray) -> None:
-        self.previous = status.tobytes()
+    def keep(self, statuses: bytes) -> None:
+        self.previous = statuses
 
     def forget(self) -> None:
         """A new timeline (a rewind, a replaced watch): no status before it."""

@@ -33,6 +33,7 @@ from torch import nn
 from gradscope.core.errors import GradScopeError
 from gradscope.core.module_tree import select_layers
 from gradscope.core.origin import Origin, float_tensors, loss_from_output
+from gradscope.core.replay import DEFAULT_GRADIENT_BYTES, make_replay
 from gradscope.core.safe_locate import locate_safely, statistics_origin
 from gradscope.core.sharded import (
     FACT_SLOTS,
@@ -394,6 +395,8 @@ class GradientWatch:
         overwrite: bool = False,
         commit_seconds: float = 1.0,
         sinks: Sequence[Any] = (),
+        replay: bool = True,
+        max_gradient_bytes: int = DEFAULT_GRADIENT_BYTES,
     ) -> None:
         self.wrapped_model = model
         model = unwrap_model(model)
@@ -443,6 +446,8 @@ class GradientWatch:
         self._located = 0
         self._in_episode = False
         self._handles: list[Any] = []
+        # gradscope.core.replay: what repeating a step without locate= needs (call site)
+        self._replay = make_replay(model, enabled=replay, max_gradient_bytes=max_gradient_bytes)
         # The optimizers that write the weights: an "update" origin names them, and with
         # update_ratio their steps are measured. A runner that replaces its optimizer
         # updates this list.
@@ -1169,11 +1174,13 @@ class GradientWatch:
         instruments and ``stats.origin`` says the module, operation and line. It is never
         called on finite steps. ``batch``: the step's batch, checked for NaN/Inf data.
         """
-        if self._quiet is not None:
-            stats = self._quiet_step(loss, detail=self._detail_due())
-            if stats is not None:
-                return stats
-        return self.resolve(self.launch(loss, batch=batch), locate=locate, batch=batch)
+        quiet = self._quiet is not None
+        stats = self._quiet_step(loss, detail=self._detail_due()) if quiet else None
+        if stats is None:
+            stats = self.resolve(self.launch(loss, batch=batch), locate=locate, batch=batch)
+        if self._replay is not None:  # gradscope.core.replay: the next forward is a new step
+            self._replay.step_collected()
+        return stats
 
     def _quiet_step(self, loss: Any, *, detail: bool) -> StepStats | None:
         """A step where nothing happens, by a short path: the same figures as
@@ -1544,7 +1551,8 @@ class GradientWatch:
         if self._in_episode:
             return
         self._in_episode = True
-        if locate is None:
+        repeat = locate is None and self._replay is not None  # gradscope.core.replay
+        if locate is None and not repeat:
             origin = statistics_origin(stats, [layer.name for layer in self.layers])
             if self._sharded:
                 origin.details["hint"] = (
@@ -1561,13 +1569,23 @@ class GradientWatch:
             )
         else:
             self._located += 1
-            origin = locate_safely(
-                self.wrapped_model,
-                locate,
-                stats,
-                [layer.name for layer in self.layers],
-                batch=batch,
-                timeout=self.locate_timeout,
+            origin = (
+                self._replay.locate(  # gradscope.core.replay: repeat the captured step
+                    self.wrapped_model,
+                    stats,
+                    [layer.name for layer in self.layers],
+                    batch=batch,
+                    timeout=self.locate_timeout,
+                )
+                if repeat
+                else locate_safely(
+                    self.wrapped_model,
+                    locate,
+                    stats,
+                    [layer.name for layer in self.layers],
+                    batch=batch,
+                    timeout=self.locate_timeout,
+                )
             )
         if stats.ranks is not None:
             self._name_the_rank(origin, stats.ranks)
@@ -1788,6 +1806,8 @@ class GradientWatch:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            if self._replay is not None:  # gradscope.core.replay
+                self._replay.close()
 
     def __enter__(self) -> GradientWatch:
         return self

@@ -1,0 +1,371 @@
+"""Repeat a step the watch saw, with nothing from the user.
+
+``collect(loss)`` without ``locate=`` still gets the module, the operation and the line of a
+step's first NaN/Inf: :class:`StepReplay` keeps, at every training forward of the watched
+model (a forward pre-hook on its root), what repeating that forward needs:
+
+- the arguments the root was called with, by reference (never copied);
+- the state of every random generator (:mod:`gradscope.core.rng`) and the autocast setting;
+- the values, before the forward, of the buffers the forward changes (batch-norm running
+  statistics; found at the first forward from the buffers' version counters, so a model
+  with large constant buffers, a causal mask, copies nothing of them);
+- how the backward can be repeated: from the loss the model computes itself (an output
+  with ``.loss`` or ``["loss"]``, as transformers models return), or else from the gradient
+  that arrives at the model's output, kept by a hook on that output. The kept gradients of
+  a step are bounded by ``max_gradient_bytes``: a larger output is not kept (the watch says
+  so once) and its step falls back to the statistics, naming the reason.
+
+None of it synchronises with the device. When a step goes non-finite, :meth:`StepReplay.locate`
+repeats each of the step's forward calls (micro-batches: each in turn) through
+:func:`gradscope.core.safe_locate.locate_safely`, which bounds it in time, runs no
+collective and restores the weights, buffers, gradients and random generators.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from gradscope.core.origin import Origin, float_tensors
+from gradscope.core.rng import RandomState, capture_random_state, restore_random_state
+from gradscope.core.safe_locate import locate_safely, statistics_origin
+from gradscope.core.user_warnings import warn_user
+from gradscope.core.wrappers import sharded_reason, unwrap_model, wrapper_chain
+
+if TYPE_CHECKING:
+    from gradscope.core.watch import StepStats
+
+DEFAULT_GRADIENT_BYTES = 256 * 2**20
+# Forward calls of one step kept for the repeat (micro-batches); older ones are dropped.
+MAX_CALLS_PER_STEP = 64
+
+
+@dataclass
+class _Autocast:
+    device_type: str
+    dtype: torch.dtype
+
+
+@dataclass
+class ForwardCall:
+    """One training forward of the watched model, as the pre-hook saw it."""
+
+    args: tuple
+    kwargs: dict[str, Any]
+    random_state: RandomState
+    autocast: list[_Autocast]
+    buffers: list[torch.Tensor]
+    in_model_loss: bool = False
+    # index in float_tensors(output) -> gradient that arrived there (None until it does)
+    output_grads: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    gradient_bytes_over: int | None = None  # the output's gradient was too large to keep
+
+
+def _loss_inside(output: Any) -> bool:
+    if isinstance(output, Mapping):
+        return isinstance(output.get("loss"), torch.Tensor)
+    return isinstance(getattr(output, "loss", None), torch.Tensor)
+
+
+def _autocast_now() -> list[_Autocast]:
+    found = []
+    for device_type in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device_type):
+            found.append(_Autocast(device_type, torch.get_autocast_dtype(device_type)))
+    return found
+
+
+def _fresh_leaf(value: Any) -> Any:
+    """A tensor the repeat may run backward through: the step's own graph behind an input
+    was freed by its backward, and a leaf input's ``.grad`` is the user's."""
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        return value.detach().requires_grad_(True)
+    return value
+
+
+class _ChangingBuffers:
+    """The buffers a forward writes (batch-norm statistics), learned at the first forward
+    from the buffers' version counters; their values before each forward."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.slots: list[tuple[nn.Module, str]] | None = None
+        self._learning: list[tuple[nn.Module, str, int]] = []
+
+    def before_forward(self) -> list[torch.Tensor]:
+        if self.slots is None:
+            # First forward: every buffer, once; the versions say which ones it wrote.
+            self._learning = [
+                (owner, name, buffer._version)
+                for owner in self.model.modules()
+                for name, buffer in owner._buffers.items()
+                if buffer is not None
+            ]
+            return [owner._buffers[name].detach().clone() for owner, name, _ in self._learning]
+        return [owner._buffers[name].detach().clone() for owner, name in self.slots]
+
+    def after_forward(self, call: ForwardCall) -> None:
+        if self.slots is not None:
+            return
+        changed = [
+            i
+            for i, (owner, name, version) in enumerate(self._learning)
+            if owner._buffers.get(name) is not None and owner._buffers[name]._version != version
+        ]
+        self.slots = [(self._learning[i][0], self._learning[i][1]) for i in changed]
+        call.buffers = [call.buffers[i] for i in changed]
+        self._learning = []
+
+    def restore(self, values: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for (owner, name), value in zip(self.slots or [], values, strict=False):
+                buffer = owner._buffers.get(name)
+                if buffer is not None and buffer.shape == value.shape:
+                    buffer.copy_(value)
+
+
+class StepReplay:
+    """Keeps what repeating the current step's forward needs; see the module docstring.
+
+    ``model``: the user's model (unwrapped). Call :meth:`step_collected` once the step's
+    statistics are collected (the next forward starts a new step), :meth:`locate` when a step
+    went non-finite and no ``locate=`` was given, and :meth:`close` to remove the hooks."""
+
+    def __init__(self, model: nn.Module, *, max_gradient_bytes: int = DEFAULT_GRADIENT_BYTES):
+        self.model = model
+        self.max_gradient_bytes = int(max_gradient_bytes)
+        self.calls: list[ForwardCall] = []
+        self._buffers = _ChangingBuffers(model)
+        self._new_step = True
+        self._kept_bytes = 0
+        self._repeating = False
+        self._warned_too_large = False
+        self._handles = [
+            model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+            model.register_forward_hook(self._after_forward, with_kwargs=True),
+        ]
+        self._current: ForwardCall | None = None
+
+    # -- capture -------------------------------------------------------------------------
+    def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._current = None
+        if self._repeating or not torch.is_grad_enabled() or not module.training:
+            return  # evaluation, generation, or our own repeat
+        if self._new_step:
+            self.calls.clear()
+            self._kept_bytes = 0
+            self._new_step = False
+        call = ForwardCall(
+            args,
+            dict(kwargs),
+            capture_random_state(),
+            _autocast_now(),
+            self._buffers.before_forward(),
+        )
+        self.calls.append(call)
+        del self.calls[:-MAX_CALLS_PER_STEP]
+        self._current = call
+
+    def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        call, self._current = self._current, None
+        if call is None:
+            return
+        self._buffers.after_forward(call)
+        if _loss_inside(output):
+            call.in_model_loss = True
+            return
+        outputs = [(i, t) for i, t in enumerate(float_tensors(output)) if t.requires_grad]
+        size = sum(t.numel() * t.element_size() for _, t in outputs)
+        # the step's micro-batches share the bound
+        if size + self._kept_bytes > self.max_gradient_bytes:
+            call.gradient_bytes_over = size
+            if not self._warned_too_large:
+                self._warned_too_large = True
+                warn_user(
+                    f"gradscope.watch: the gradient at the model's output ({size / 2**20:.0f} "
+                    f"MiB a step) is over max_gradient_bytes ({self.max_gradient_bytes / 2**20:.0f}"
+                    " MiB), so it is not kept: a NaN/Inf step without locate= is then found "
+                    "from the statistics only (raise max_gradient_bytes, or pass locate=)"
+                )
+            return
+        self._kept_bytes += size
+        for index, tensor in outputs:
+            call.output_grads[index] = None
+            tensor.register_hook(self._keeper(call, index))
+
+    @staticmethod
+    def _keeper(call: ForwardCall, index: int):
+        def keep(grad: torch.Tensor) -> None:
+            kept = call.output_grads.get(index)
+            # an output used twice receives its gradient in parts: their sum is its gradient
+            call.output_grads[index] = grad if kept is None else kept + grad
+
+        return keep
+
+    def step_collected(self) -> None:
+        """The step's statistics are in: the next training forward starts a new step."""
+        self._new_step = True
+
+    # -- repeat --------------------------------------------------------------------------
+    def locate(
+        self,
+        wrapped_model: nn.Module,
+        stats: StepStats,
+        layer_names: list[str],
+        *,
+        batch: Any = None,
+        timeout: float,
+    ) -> Origin:
+        """Where this step's first NaN/Inf came from, by repeating its forward calls in
+        order (the first one located wins). Never raises for GradScope's own reasons."""
+        calls = list(self.calls)
+        if not calls:
+            origin = statistics_origin(stats, layer_names)
+            origin.details["reason"] = (
+                "no training forward of the watched model was seen in this step (its "
+                "training_step or loss called submodules directly?): pass locate="
+            )
+            return origin
+        deadline = time.monotonic() + timeout
+        last: Origin | None = None
+        for number, call in enumerate(calls):
+            origin = locate_safely(
+                wrapped_model,
+                self._repeat(call),
+                stats,
+                layer_names,
+                batch=batch,
+                timeout=max(deadline - time.monotonic(), 0.0),
+                repeated=True,
+            )
+            if origin.phase != "unknown":
+                origin.details["repeated"] = "captured step"
+                if len(calls) > 1:
+                    origin.details["forward_call"] = number
+                return origin
+            last = origin
+            if "took longer" in origin.details.get("reason", ""):
+                break
+        assert last is not None
+        return self._explain(last, calls, stats, layer_names)
+
+    def _explain(
+        self, last: Origin, calls: list[ForwardCall], stats: StepStats, layer_names: list[str]
+    ) -> Origin:
+        """Why a repeat that stayed finite found nothing, where the capture knows better."""
+        if not last.details.get("finite"):
+            return last
+        over = [c.gradient_bytes_over for c in calls if c.gradient_bytes_over is not None]
+        if over and not any(c.in_model_loss for c in calls):
+            origin = statistics_origin(stats, layer_names)
+            origin.details["reason"] = (
+                f"the model's forward was repeated and stayed finite; its backward was not: "
+                f"the gradient at its output ({max(over) / 2**20:.0f} MiB) is over "
+                f"max_gradient_bytes ({self.max_gradient_bytes / 2**20:.0f} MiB), so it was "
+                "not kept (raise max_gradient_bytes, or pass locate=)"
+            )
+            return origin
+        broken = [
+            c
+            for c in calls
+            if not c.in_model_loss
+            and any(
+                g is not None and not bool(torch.isfinite(g).all()) for g in c.output_grads.values()
+            )
+        ]
+        if broken:
+            origin = statistics_origin(stats, layer_names)
+            origin.details["reason"] = (
+                "the model's forward was repeated and stayed finite, and the gradient arriving "
+                "at its output was already NaN/Inf: the loss code outside the model made it "
+                "(pass locate=<a function recomputing the loss> to collect() to name its line)"
+            )
+            return origin
+        return last
+
+    def _repeat(self, call: ForwardCall):
+        """The ``locate`` function that repeats ``call``: the same inputs, random state,
+        autocast and buffers; it returns the model's output when the model computes its
+        loss, else a scalar whose gradient at the output is the kept one."""
+
+        def repeat() -> Any:
+            restore_random_state(call.random_state)
+            self._buffers.restore(call.buffers)
+            args = tree_map(_fresh_leaf, call.args)
+            kwargs = tree_map(_fresh_leaf, call.kwargs)
+            self._repeating = True
+            try:
+                with _autocast(call.autocast):
+                    output = self.model(*args, **kwargs)
+            finally:
+                self._repeating = False
+            if call.in_model_loss:
+                return output
+            return _backward_from_kept(output, call)
+
+        return repeat
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.calls.clear()
+
+
+class _autocast:
+    """The autocast the step's forward ran under (none, CPU, CUDA or both)."""
+
+    def __init__(self, settings: list[_Autocast]) -> None:
+        self.contexts = [torch.autocast(s.device_type, dtype=s.dtype) for s in settings]
+
+    def __enter__(self) -> None:
+        for context in self.contexts:
+            context.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        for context in reversed(self.contexts):
+            context.__exit__(*exc)
+
+
+def _backward_from_kept(output: Any, call: ForwardCall) -> torch.Tensor:
+    """A scalar whose backward sends the kept gradient into each output: sum(output * grad),
+    made outside the tracer (it is GradScope's, not an operation of the user's). With no
+    usable gradient (none kept, or one already NaN/Inf) a constant: the repeat then checks
+    the forward only."""
+    outputs = float_tensors(output)
+    pairs = [
+        (outputs[i], grad)
+        for i, grad in call.output_grads.items()
+        if grad is not None and i < len(outputs) and outputs[i].shape == grad.shape
+    ]
+    with torch._C.DisableTorchFunction():
+        if not pairs or not all(bool(torch.isfinite(g).all()) for _, g in pairs):
+            return torch.zeros(())
+        total = None
+        for tensor, grad in pairs:
+            part = (tensor.double() * grad.detach().double()).sum()
+            total = part if total is None else total + part
+        return total
+
+
+def make_replay(
+    wrapped_model: nn.Module, *, enabled: bool = True, max_gradient_bytes: int
+) -> StepReplay | None:
+    """The watch's replay of ``wrapped_model``, or None where a repeat cannot run or must
+    not be captured: turned off, a compiled model (hooks on it would break its graph), a
+    sharded one (its forward needs every rank; the statistics say so)."""
+    if not enabled:
+        return None
+    chain = wrapper_chain(wrapped_model)
+    model = unwrap_model(wrapped_model)
+    if any(hasattr(m, "_orig_mod") for m in chain) or vars(model).get("_compiled_call_impl"):
+        return None
+    if sharded_reason(model) is not None:
+        return None
+    return StepReplay(model, max_gradient_bytes=max_gradient_bytes)

@@ -268,3 +268,66 @@ def test_a_rewind_brings_back_python_and_numpy_streams(write_script):
     again = [runner.step().loss for _ in range(2)]
     runner.close()
     assert again == first[1:]
+
+
+# -- the failing step's trace, recorded with its origin ------------------------------------
+def _report_json(recording, tmp_path):
+    import json
+
+    from gradscope.cli import main
+
+    out = tmp_path / "report.json"
+    assert main(["report", str(recording), "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def _assert_trace_leads_to(origin: dict):
+    trace = origin["trace"]
+    assert {e["phase"] for e in trace} <= {"forward", "backward"}
+    assert [e["order"] for e in trace] == sorted(e["order"] for e in trace)
+    first = next(e for e in trace if e["nonfinite"] > 0)
+    module = origin["module"]
+    assert first["module"] == module or (module == "" or first["module"].startswith(module + "."))
+    assert first["phase"] == ("forward" if origin["phase"] in ("forward", "loss") else "backward")
+    for key in ("shape", "dtype", "nan", "inf"):
+        assert key in first
+    assert first["nan"] + first["inf"] == first["nonfinite"]
+
+
+@pytest.mark.parametrize("case", ["forward_log", "backward_sqrt", "loss_in_model"])
+def test_report_json_has_the_failing_steps_trace(tmp_path, case, capsys):
+    recording = tmp_path / f"{case}.gsrec"
+    if case == "forward_log":
+        origin = _train(
+            LogModel(), lambda s: torch.randn(2, 4), lambda m, x: m(x).sum(), record=recording
+        )
+    elif case == "backward_sqrt":
+
+        def batch(step):
+            x = torch.randn(3, 3)
+            if step == 2:
+                x[1] = x[0]
+            return x
+
+        origin = _train(DistanceModel(), batch, lambda m, x: m(x).sum(), record=recording)
+    else:
+
+        def batch(step):
+            return torch.randn(2, 4), torch.zeros(2, 4) if step == 2 else torch.randn(2, 4)
+
+        origin = _train(
+            HFStyle(), batch, lambda m, b: m(b[0], labels=b[1])["loss"], record=recording
+        )
+    report = _report_json(recording, tmp_path)
+    capsys.readouterr()
+    first = report["first_nonfinite"]
+    assert (first["module"], first["line"]) == (origin.module, origin.line)
+    _assert_trace_leads_to(first)
+    assert report["nonfinite_origins"] and all("trace" in o for o in report["nonfinite_origins"])
+    # the forward events name every module the step ran, in the order their calls finished
+    forward = [e["module"] for e in first["trace"] if e["phase"] == "forward"]
+    assert forward[-1] == ""
+    if case == "backward_sqrt":
+        assert forward == ["embed", "distance", ""]
+        backward = [e for e in first["trace"] if e["phase"] == "backward"]
+        assert backward[0]["module"] == "" and backward[0]["nonfinite"] == 0

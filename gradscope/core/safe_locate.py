@@ -36,12 +36,16 @@ from gradscope.core.origin import (
     origin_from_statistics,
 )
 from gradscope.core.rng import capture_random_state, restore_random_state
+from gradscope.core.trace import trace_step
 from gradscope.core.wrappers import running_locally, sharded_reason, unwrap_model
 
 if TYPE_CHECKING:
     from gradscope.core.watch import StepStats
 
 DEFAULT_TIMEOUT = 120.0
+# Events of the failing step kept with its origin (forward + backward of every module; a
+# model of thousands of modules keeps the first ones, in execution order).
+MAX_TRACE_EVENTS = 5000
 
 
 class LocateTimeout(Exception):
@@ -110,7 +114,10 @@ def locate_safely(
     others = _OtherGradients(eager)
     try:
         with running_locally(model), _Deadline(timeout), torch.enable_grad():
-            found = locate_first_nonfinite(eager, others.watching(locate), stats.step, batch=batch)
+            with trace_step(eager, stats.step, summaries=True) as trace:
+                found = locate_first_nonfinite(
+                    eager, others.watching(locate), stats.step, batch=batch
+                )
     except LocateTimeout as error:
         return unknown_origin(
             stats,
@@ -155,6 +162,13 @@ def locate_safely(
             stats, reason, finite=True, nonfinite_layers=_nonfinite_layers(stats, layer_names)
         )
     found.details.setdefault("locate_seconds", round(seconds, 3))
+    if trace.events:
+        # the failing step, walkable module by module wherever the origin goes (recording,
+        # report, app)
+        events = [event.to_json() for event in trace.events[:MAX_TRACE_EVENTS]]
+        found.details["trace"] = events
+        if len(trace.events) > MAX_TRACE_EVENTS:
+            found.details["trace_events_dropped"] = len(trace.events) - MAX_TRACE_EVENTS
     return found
 
 

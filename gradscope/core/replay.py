@@ -146,11 +146,25 @@ class StepReplay:
         self._kept_bytes = 0
         self._repeating = False
         self._warned_too_large = False
-        self._handles = [
-            model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
-            model.register_forward_hook(self._after_forward, with_kwargs=True),
-        ]
+        self._handles: list[Any] = []
         self._current: ForwardCall | None = None
+        self.attach()
+
+    def attach(self) -> None:
+        """Install the capture's two hooks on the model's root (done when it is made)."""
+        if not self._handles:
+            self._handles = [
+                self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+                self.model.register_forward_hook(self._after_forward, with_kwargs=True),
+            ]
+
+    def detach(self) -> None:
+        """Remove the hooks (the benchmark's watch without the capture); the kept calls go."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.calls.clear()
+        self._new_step = True
 
     # -- capture -------------------------------------------------------------------------
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -312,10 +326,7 @@ class StepReplay:
         return repeat
 
     def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self.calls.clear()
+        self.detach()
 
 
 class _autocast:

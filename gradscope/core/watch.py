@@ -1153,6 +1153,8 @@ class GradientWatch:
         self._collected += 1
         self.last = stats
         self._follow_episode(stats, locate, batch)
+        if self._replay is not None:  # gradscope.core.replay: the next forward is a new step
+            self._replay.step_collected()
         for sink in self._sinks:
             sink.on_step(self, stats)
         return stats

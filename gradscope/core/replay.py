@@ -148,6 +148,7 @@ class StepReplay:
         self._warned_too_large = False
         self._handles: list[Any] = []
         self._current: ForwardCall | None = None
+        self.failed: str | None = None  # why the capture stopped, when it did
         self.attach()
 
     def attach(self) -> None:
@@ -169,8 +170,33 @@ class StepReplay:
     # -- capture -------------------------------------------------------------------------
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._current = None
-        if self._repeating or not torch.is_grad_enabled() or not module.training:
-            return  # evaluation, generation, or our own repeat
+        if self._repeating or self.failed or not torch.is_grad_enabled() or not module.training:
+            return  # evaluation, generation, our own repeat, or a capture that failed
+        try:
+            self._capture(args, kwargs)
+        except Exception as error:  # never the reason a user's forward fails
+            self._give_up(error)
+
+    def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        call, self._current = self._current, None
+        if call is None:
+            return
+        try:
+            self._prepare_backward(call, output)
+        except Exception as error:
+            self._give_up(error)
+
+    def _give_up(self, error: Exception) -> None:
+        """The capture failed on this model: stop capturing (the statistics still say what
+        they can, and locate= still works), say so once."""
+        self.calls.clear()
+        self.failed = f"{type(error).__name__}: {error}"
+        warn_user(
+            f"gradscope.watch: capturing the step for a NaN/Inf re-run failed ({self.failed}); "
+            "NaN/Inf steps without locate= are found from the statistics"
+        )
+
+    def _capture(self, args: tuple, kwargs: dict) -> None:
         if self._new_step:
             self.calls.clear()
             self._kept_bytes = 0
@@ -186,10 +212,7 @@ class StepReplay:
         del self.calls[:-MAX_CALLS_PER_STEP]
         self._current = call
 
-    def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        call, self._current = self._current, None
-        if call is None:
-            return
+    def _prepare_backward(self, call: ForwardCall, output: Any) -> None:
         self._buffers.after_forward(call)
         if _loss_inside(output):
             call.in_model_loss = True
@@ -223,7 +246,10 @@ class StepReplay:
         return keep
 
     def step_collected(self) -> None:
-        """The step's statistics are in: the next training forward starts a new step."""
+        """The step's statistics are in (and its origin, if it needed one): its calls are
+        let go now, so the batch and kept gradients live no longer than the step."""
+        self.calls.clear()
+        self._kept_bytes = 0
         self._new_step = True
 
     # -- repeat --------------------------------------------------------------------------
@@ -242,7 +268,9 @@ class StepReplay:
         if not calls:
             origin = statistics_origin(stats, layer_names)
             origin.details["reason"] = (
-                "no training forward of the watched model was seen in this step (its "
+                f"the step could not be captured ({self.failed}): pass locate="
+                if self.failed
+                else "no training forward of the watched model was seen in this step (its "
                 "training_step or loss called submodules directly?): pass locate="
             )
             return origin

@@ -58,7 +58,8 @@ class TraceEvent:
     def to_json(self) -> dict[str, Any]:
         """The event as a recording and ``gradscope report --json`` keep it: ``phase``,
         ``module``, ``order``, ``nonfinite`` (the NaN + Inf count of what it produced; with
-        no summary, 1 when its values were non-finite) and the summary's fields."""
+        no summary, 1 when its values were non-finite), the summary's fields and the norms
+        the Step trace pane shows (``out_norm``, ``in_norm``, ``max_abs``, ``param_norms``)."""
         summary = dict(self.summary or {})
         count = summary["nan"] + summary["inf"] if summary else int(self.nonfinite)
         return {
@@ -67,6 +68,10 @@ class TraceEvent:
             "order": self.order,
             "nonfinite": count,
             **summary,
+            "out_norm": self.out_norm,
+            "in_norm": self.in_norm,
+            "max_abs": self.max_abs,
+            "param_norms": dict(self.param_norms),
         }
 
 
@@ -316,6 +321,53 @@ def trace_step(model: nn.Module, step: int = 0, *, summaries: bool = False) -> I
     finally:
         trace.remove()
     trace.resolve()
+
+
+def recorded_trace(origin: Any) -> list[TraceEvent]:
+    """The failing step's events as a recording keeps them with its origin
+    (``origin.details["trace"]``, see :meth:`TraceEvent.to_json`), back as events the Step
+    trace pane walks; [] when the origin has none (a recording made before traces were
+    kept, or an origin found from the statistics alone)."""
+    details = getattr(origin, "details", None) or {}
+    kept = details.get("trace") or []
+    events = []
+    for entry in kept:
+        if not isinstance(entry, dict) or entry.get("phase") not in (FORWARD, BACKWARD):
+            continue
+        summary = {
+            k: entry[k]
+            for k in ("shape", "dtype", "nan", "inf", "min", "max", "mean")
+            if k in entry
+        }
+        count = entry.get("nonfinite") or 0
+        events.append(
+            TraceEvent(
+                step=int(origin.step),
+                phase=entry["phase"],
+                order=int(entry.get("order", len(events))),
+                module=str(entry.get("module") or ""),
+                out_norm=_as_float(entry.get("out_norm"), math.nan),
+                max_abs=_as_float(entry.get("max_abs")),
+                in_norm=_as_float(entry.get("in_norm")),
+                nonfinite=bool(count),
+                param_norms={
+                    str(k): _as_float(v, math.nan)
+                    for k, v in (entry.get("param_norms") or {}).items()
+                },
+                summary=summary or None,
+            )
+        )
+    return events
+
+
+def _as_float(value: Any, missing: Any = None) -> Any:
+    """A recorded number (the JSON report writes non-finite ones as "nan", "inf")."""
+    if value is None:
+        return missing
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return missing
 
 
 def first_nonfinite_event(events: list[TraceEvent]) -> int | None:

@@ -331,3 +331,58 @@ def test_report_json_has_the_failing_steps_trace(tmp_path, case, capsys):
         assert forward == ["embed", "distance", ""]
         backward = [e for e in first["trace"] if e["phase"] == "backward"]
         assert backward[0]["module"] == "" and backward[0]["nonfinite"] == 0
+
+
+SQRT_SCRIPT = """
+import torch
+from torch import nn
+
+CONFIG = {"steps": 3, "batch_size": 4, "lr": 0.01}
+
+
+class Distance(nn.Module):
+    def forward(self, x):
+        return (x * x).sum(-1, keepdim=True).mul(0.0).sqrt()
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(3, 3), nn.ReLU(), Distance(), nn.Linear(1, 1))
+
+
+def make_batch(batch_size, device):
+    return -torch.ones(batch_size, 3, device=device), torch.zeros(batch_size, 1, device=device)
+"""
+
+
+def test_gradscope_run_and_an_own_loop_without_locate_give_the_same_origin(
+    tmp_path, write_script, capsys
+):
+    """``gradscope run`` re-runs with its own locate=; the own loop repeats the captured
+    step: the same phase, module, operation and line."""
+    import json
+
+    from gradscope.cli import main
+
+    script = write_script(SQRT_SCRIPT, "distance.py")
+    out = tmp_path / "run.json"
+    main(["run", str(script), "--json", str(out)])
+    capsys.readouterr()
+    run = json.loads(out.read_text())["first_nonfinite"]
+
+    namespace: dict = {}
+    exec(compile(SQRT_SCRIPT, str(script), "exec"), namespace)
+    torch.manual_seed(0)
+    model = namespace["build_model"]()
+    x, y = namespace["make_batch"](4, "cpu")
+    with gradscope.watch(model) as watch:
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        origin = watch.collect(loss).origin
+    assert run["phase"] == "backward" and run["module"] == "2"
+    assert (origin.phase, origin.module, origin.op, origin.file, origin.line) == (
+        run["phase"],
+        run["module"],
+        run["op"],
+        run["file"],
+        run["line"],
+    )

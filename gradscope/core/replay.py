@@ -172,6 +172,8 @@ class StepReplay:
         self._current = None
         if self._repeating or self.failed or not torch.is_grad_enabled() or not module.training:
             return  # evaluation, generation, our own repeat, or a capture that failed
+        if torch._C._current_graph_task_id() != -1:
+            return  # a checkpointed forward recomputed during backward: not a new call
         try:
             self._capture(args, kwargs)
         except Exception as error:  # never the reason a user's forward fails
@@ -397,14 +399,17 @@ def make_replay(
     wrapped_model: nn.Module, *, enabled: bool = True, max_gradient_bytes: int
 ) -> StepReplay | None:
     """The watch's replay of ``wrapped_model``, or None where a repeat cannot run or must
-    not be captured: turned off, a compiled model (hooks on it would break its graph), a
-    sharded one (its forward needs every rank; the statistics say so)."""
+    not be captured: turned off, a compiled model (hooks on it would break its graph), one
+    inside ``nn.DataParallel``, a sharded one (its forward needs every rank; the statistics
+    say so)."""
     if not enabled:
         return None
     chain = wrapper_chain(wrapped_model)
     model = unwrap_model(wrapped_model)
     if any(hasattr(m, "_orig_mod") for m in chain) or vars(model).get("_compiled_call_impl"):
         return None
+    if any(isinstance(m, nn.DataParallel) for m in chain):
+        return None  # its replicas call the root's hooks from threads
     if sharded_reason(model) is not None:
         return None
     return StepReplay(model, max_gradient_bytes=max_gradient_bytes)

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 DEFAULT_GRADIENT_BYTES = 256 * 2**20
 # Forward calls of one step kept for the repeat (micro-batches); older ones are dropped.
 MAX_CALLS_PER_STEP = 64
+# Forwards that show whether the model draws from Python's or numpy's generator.
+HOST_DRAW_CHECKS = 3
 
 
 @dataclass
@@ -97,8 +99,12 @@ class _ChangingBuffers:
         self.model = model
         self.slots: list[tuple[nn.Module, str]] | None = None
         self._learning: list[tuple[nn.Module, str, int]] = []
+        # copies reused from step to step, one set per forward call of a step: one fused
+        # copy a forward, no allocation
+        self._pool: list[list[torch.Tensor]] = []
 
-    def before_forward(self) -> list[torch.Tensor]:
+    def before_forward(self, index: int) -> list[torch.Tensor]:
+        """The values the buffers have now, for the step's ``index``-th forward."""
         if self.slots is None:
             # First forward: every buffer, once; the versions say which ones it wrote.
             self._learning = [
@@ -108,7 +114,22 @@ class _ChangingBuffers:
                 if buffer is not None
             ]
             return [owner._buffers[name].detach().clone() for owner, name, _ in self._learning]
-        return [owner._buffers[name].detach().clone() for owner, name in self.slots]
+        if not self.slots:
+            return []
+        current = [owner._buffers[name] for owner, name in self.slots]
+        while len(self._pool) <= index:
+            self._pool.append([])
+        copies = self._pool[index]
+        if len(copies) == len(current):
+            try:
+                with torch.no_grad():
+                    torch._foreach_copy_(copies, current)
+                if copies[0].shape == current[0].shape:
+                    return copies
+            except RuntimeError:  # a buffer replaced by one of another shape or device
+                pass
+        copies = self._pool[index] = [b.detach().clone() for b in current]
+        return copies
 
     def after_forward(self, call: ForwardCall) -> None:
         if self.slots is not None:
@@ -149,6 +170,9 @@ class StepReplay:
         self._handles: list[Any] = []
         self._current: ForwardCall | None = None
         self.failed: str | None = None  # why the capture stopped, when it did
+        # does forward draw from Python's/numpy's generator? None: still learning
+        self._host_draws: bool | None = None
+        self._host_checks_left = HOST_DRAW_CHECKS
         self.attach()
 
     def attach(self) -> None:
@@ -206,9 +230,9 @@ class StepReplay:
         call = ForwardCall(
             args,
             dict(kwargs),
-            capture_random_state(),
+            capture_random_state(host=self._host_draws is not False),
             _autocast_now(),
-            self._buffers.before_forward(),
+            self._buffers.before_forward(len(self.calls)),
         )
         self.calls.append(call)
         del self.calls[:-MAX_CALLS_PER_STEP]
@@ -216,6 +240,8 @@ class StepReplay:
 
     def _prepare_backward(self, call: ForwardCall, output: Any) -> None:
         self._buffers.after_forward(call)
+        if self._host_draws is None:
+            self._learn_host_draws(call)
         if _loss_inside(output):
             call.in_model_loss = True
             return
@@ -237,6 +263,17 @@ class StepReplay:
         for index, tensor in outputs:
             call.output_grads[index] = None
             tensor.register_hook(self._keeper(call, index))
+
+    def _learn_host_draws(self, call: ForwardCall) -> None:
+        """Whether the forward draws from Python's or numpy's generator, from the first
+        forwards: their snapshots cost tens of microseconds a step, torch's one. A forward
+        that drew once keeps them captured for good."""
+        if call.random_state.host_generators_moved():
+            self._host_draws = True
+            return
+        self._host_checks_left -= 1
+        if self._host_checks_left <= 0:
+            self._host_draws = False
 
     @staticmethod
     def _keeper(call: ForwardCall, index: int):

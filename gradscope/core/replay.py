@@ -54,7 +54,7 @@ class _Autocast:
     dtype: torch.dtype
 
 
-@dataclass
+@dataclass(slots=True)
 class ForwardCall:
     """One training forward of the watched model, as the pre-hook saw it."""
 
@@ -76,6 +76,8 @@ def _loss_inside(output: Any) -> bool:
 
 
 def _autocast_now() -> list[_Autocast]:
+    if not torch._C._is_any_autocast_enabled():
+        return []  # the common case: one call
     found = []
     for device_type in ("cpu", "cuda"):
         if torch.is_autocast_enabled(device_type):
@@ -172,6 +174,8 @@ class StepReplay:
         self.failed: str | None = None  # why the capture stopped, when it did
         # does forward draw from Python's/numpy's generator? None: still learning
         self._host_draws: bool | None = None
+        # and from torch's CPU generator (dropout on a CPU)?
+        self._cpu_draws: bool | None = None
         self._host_checks_left = HOST_DRAW_CHECKS
         self.attach()
 
@@ -230,7 +234,9 @@ class StepReplay:
         call = ForwardCall(
             args,
             dict(kwargs),
-            capture_random_state(host=self._host_draws is not False),
+            capture_random_state(
+                host=self._host_draws is not False, torch_cpu=self._cpu_draws is not False
+            ),
             _autocast_now(),
             self._buffers.before_forward(len(self.calls)),
         )
@@ -239,13 +245,18 @@ class StepReplay:
         self._current = call
 
     def _prepare_backward(self, call: ForwardCall, output: Any) -> None:
-        self._buffers.after_forward(call)
-        if self._host_draws is None:
+        if self._buffers.slots is None:
+            self._buffers.after_forward(call)
+        if self._host_checks_left > 0:
             self._learn_host_draws(call)
-        if _loss_inside(output):
+        if isinstance(output, torch.Tensor):  # the common case, without a tree walk
+            grads = output.requires_grad and output.is_floating_point()
+            outputs = [(0, output)] if grads else []
+        elif _loss_inside(output):
             call.in_model_loss = True
             return
-        outputs = [(i, t) for i, t in enumerate(float_tensors(output)) if t.requires_grad]
+        else:
+            outputs = [(i, t) for i, t in enumerate(float_tensors(output)) if t.requires_grad]
         size = sum(t.numel() * t.element_size() for _, t in outputs)
         # the step's micro-batches share the bound
         if size + self._kept_bytes > self.max_gradient_bytes:
@@ -262,27 +273,25 @@ class StepReplay:
         self._kept_bytes += size
         for index, tensor in outputs:
             call.output_grads[index] = None
-            tensor.register_hook(self._keeper(call, index))
+            node = tensor.grad_fn
+            if node is not None:  # a node's pre-hook: cheaper than a tensor hook
+                node.register_prehook(_node_keeper(call, index, tensor.output_nr))
+            else:
+                tensor.register_hook(_tensor_keeper(call, index))
 
     def _learn_host_draws(self, call: ForwardCall) -> None:
-        """Whether the forward draws from Python's or numpy's generator, from the first
-        forwards: their snapshots cost tens of microseconds a step, torch's one. A forward
-        that drew once keeps them captured for good."""
-        if call.random_state.host_generators_moved():
+        """Whether the forward draws from torch's CPU generator, Python's or numpy's, from
+        the first forwards: a snapshot of each costs from a few to tens of microseconds a
+        step, more inside a training loop whose forward and backward leave the caches
+        cold. A generator the forward drew from once stays captured for good."""
+        if self._host_draws is None and call.random_state.host_generators_moved():
             self._host_draws = True
-            return
+        if self._cpu_draws is None and call.random_state.torch_cpu_moved():
+            self._cpu_draws = True
         self._host_checks_left -= 1
         if self._host_checks_left <= 0:
-            self._host_draws = False
-
-    @staticmethod
-    def _keeper(call: ForwardCall, index: int):
-        def keep(grad: torch.Tensor) -> None:
-            kept = call.output_grads.get(index)
-            # an output used twice receives its gradient in parts: their sum is its gradient
-            call.output_grads[index] = grad if kept is None else kept + grad
-
-        return keep
+            self._host_draws = bool(self._host_draws)
+            self._cpu_draws = bool(self._cpu_draws)
 
     def step_collected(self) -> None:
         """The step's statistics are in (and its origin, if it needed one): its calls are
@@ -394,6 +403,27 @@ class StepReplay:
 
     def close(self) -> None:
         self.detach()
+
+
+def _store(call: ForwardCall, index: int, grad: torch.Tensor) -> None:
+    kept = call.output_grads.get(index)
+    # a backward run twice (retain_graph) sends the gradient in parts: their sum is it
+    call.output_grads[index] = grad if kept is None else kept + grad
+
+
+def _node_keeper(call: ForwardCall, index: int, output_nr: int):
+    def keep(grad_outputs: tuple) -> None:
+        if output_nr < len(grad_outputs) and grad_outputs[output_nr] is not None:
+            _store(call, index, grad_outputs[output_nr])
+
+    return keep
+
+
+def _tensor_keeper(call: ForwardCall, index: int):
+    def keep(grad: torch.Tensor) -> None:
+        _store(call, index, grad)
+
+    return keep
 
 
 class _autocast:

@@ -26,12 +26,16 @@ import torch
 class RandomState:
     """The states of torch CPU, CUDA (None when CUDA was not initialised), Python ``random``
     and numpy's global generator, as :func:`capture_random_state` found them (Python's and
-    numpy's None when not taken)."""
+    numpy's, or torch CPU's, None when not taken)."""
 
-    torch_cpu: torch.Tensor
+    torch_cpu: torch.Tensor | None
     torch_cuda: list[torch.Tensor] | None
     python: Any
     numpy: Any
+
+    def torch_cpu_moved(self) -> bool:
+        """Whether torch's CPU generator drew since this state was taken."""
+        return self.torch_cpu is not None and not torch.equal(torch.get_rng_state(), self.torch_cpu)
 
     def host_generators_moved(self) -> bool:
         """Whether Python's or numpy's generator drew since this state was taken."""
@@ -43,19 +47,22 @@ class RandomState:
         return False
 
 
-def capture_random_state(*, host: bool = True) -> RandomState:
+def capture_random_state(*, host: bool = True, torch_cpu: bool = True) -> RandomState:
     """The current state of every generator (see the module docstring). ``host=False``
-    leaves out Python's and numpy's, whose snapshots cost tens of microseconds (torch's
-    cost one): for a per-step capture of a forward known not to draw from them."""
+    leaves out Python's and numpy's (tens of microseconds a snapshot), ``torch_cpu=False``
+    torch's CPU generator: for a per-step capture of a forward known not to draw from
+    them (CUDA's, a seed and an offset, is always taken once CUDA is initialised)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    cpu = torch.default_generator.get_state() if torch_cpu else None
     if not host:
-        return RandomState(torch.get_rng_state(), cuda, None, None)
-    return RandomState(torch.get_rng_state(), cuda, random.getstate(), np.random.get_state())
+        return RandomState(cpu, cuda, None, None)
+    return RandomState(cpu, cuda, random.getstate(), np.random.get_state())
 
 
 def restore_random_state(state: RandomState) -> None:
     """Put every generator ``state`` holds back to it."""
-    torch.set_rng_state(state.torch_cpu)
+    if state.torch_cpu is not None:
+        torch.set_rng_state(state.torch_cpu)
     if state.torch_cuda is not None:
         torch.cuda.set_rng_state_all(state.torch_cuda)
     if state.python is not None:

@@ -386,3 +386,44 @@ def test_gradscope_run_and_an_own_loop_without_locate_give_the_same_origin(
         run["file"],
         run["line"],
     )
+
+
+class Noise(nn.Module):
+    def forward(self, x):
+        return x * (1.0 + random.random() + float(np.random.rand()))
+
+
+class Gate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = False
+
+    def forward(self, x):
+        return torch.log(x * 0.0) if self.broken else x
+
+
+def test_the_repeat_draws_the_steps_own_random_numbers():
+    """Dropout masks (torch's CPU generator) and Python/numpy draws in forward are the
+    failing step's own in the repeat: its trace shows the values the step computed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), Noise(), Gate())
+    seen: dict[str, list[float]] = {"1": [], "2": []}
+    for name in seen:
+        model.get_submodule(name).register_forward_hook(
+            lambda m, a, out, name=name: seen[name].append(float(out.mean()))
+        )
+    watch = gradscope.watch(model)
+    x = torch.randn(8, 4)
+    for step in range(5):  # the first forwards show which generators forward draws from
+        model[3].broken = step == 4
+        model.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        kept = {name: values[-1] for name, values in seen.items()}
+        stats = watch.collect(loss)
+    watch.close()
+    assert stats.origin.module == "3"
+    trace = stats.origin.details["trace"]
+    means = {e["module"]: e.get("mean") for e in trace if e["phase"] == "forward"}
+    for name in ("1", "2"):
+        assert means[name] == pytest.approx(kept[name], rel=1e-6)

@@ -348,8 +348,10 @@ class GradientWatch:
     directly (no collective, no recompilation).
 
     NaN/Inf: the first step of each NaN/Inf episode (a non-finite step after a finite one)
-    gets ``stats.origin``. With ``locate`` given to :meth:`collect` the step is re-run with
-    instruments (module, op, line); at most ``max_located`` episodes are re-run per watch,
+    gets ``stats.origin``. The step is re-run with instruments (module, op, line): through
+    ``locate`` when given to :meth:`collect`, else by repeating the step the watch captured
+    (``replay=True``, :mod:`gradscope.core.replay`; the gradient kept at the model's output
+    is bounded by ``max_gradient_bytes``); at most ``max_located`` episodes are re-run per watch,
     each for at most ``locate_timeout`` seconds. The re-run never raises into the training
     loop and never runs a collective (see :mod:`gradscope.core.safe_locate`).
 

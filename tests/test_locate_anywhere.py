@@ -427,3 +427,30 @@ def test_the_repeat_draws_the_steps_own_random_numbers():
     means = {e["module"]: e.get("mean") for e in trace if e["phase"] == "forward"}
     for name in ("1", "2"):
         assert means[name] == pytest.approx(kept[name], rel=1e-6)
+
+
+class RowRoot(nn.Module):
+    def forward(self, x):
+        return x.abs().sum(-1).sqrt()  # row root marker
+
+
+def test_gradient_accumulation_repeats_each_micro_batch_in_turn():
+    """Three micro-batches summed into one optimizer step; the NaN comes from the first:
+    each kept forward is repeated in order and the first one located wins."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), RowRoot())
+    watch = gradscope.watch(model)
+    for step in range(2):
+        model.zero_grad()
+        for micro in range(3):
+            x = torch.randn(3, 3)
+            if step == 1 and micro == 0:
+                x = torch.zeros(3, 3)  # zero rows in the first micro-batch only
+                model[0].bias.data.zero_()
+            (model(x).sum() / 3).backward()
+        stats = watch.collect()
+    watch.close()
+    origin = stats.origin
+    assert origin.phase == "backward" and origin.module == "1"
+    assert origin.details["forward_call"] == 0
+    assert (origin.file, origin.line) == (__file__, _line_of("# row root marker"))

@@ -42,8 +42,9 @@ if TYPE_CHECKING:
     from gradscope.core.watch import StepStats
 
 DEFAULT_GRADIENT_BYTES = 256 * 2**20
-# Forward calls of one step kept for the repeat (micro-batches); older ones are dropped.
-MAX_CALLS_PER_STEP = 64
+# Forward calls of one step kept for the repeat (micro-batches); older ones are dropped,
+# also once the inputs they keep alive pass max_gradient_bytes (the latest is always kept).
+MAX_CALLS_PER_STEP = 16
 # Forwards that show whether the model draws from Python's or numpy's generator.
 HOST_DRAW_CHECKS = 3
 
@@ -67,6 +68,7 @@ class ForwardCall:
     # index in float_tensors(output) -> gradient that arrived there (None until it does)
     output_grads: dict[int, torch.Tensor | None] = field(default_factory=dict)
     gradient_bytes_over: int | None = None  # the output's gradient was too large to keep
+    input_bytes: int = 0  # what its top-level tensor arguments hold (kept alive by it)
 
 
 def _loss_inside(output: Any) -> bool:
@@ -172,6 +174,7 @@ class StepReplay:
         self._handles: list[Any] = []
         self._current: ForwardCall | None = None
         self.failed: str | None = None  # why the capture stopped, when it did
+        self.dropped_calls = 0  # this step's earliest forward calls, not kept
         # does forward draw from Python's/numpy's generator? None: still learning
         self._host_draws: bool | None = None
         # and from torch's CPU generator (dropout on a CPU)?
@@ -230,6 +233,7 @@ class StepReplay:
         if self._new_step:
             self.calls.clear()
             self._kept_bytes = 0
+            self.dropped_calls = 0
             self._new_step = False
         call = ForwardCall(
             args,
@@ -240,8 +244,18 @@ class StepReplay:
             _autocast_now(),
             self._buffers.before_forward(len(self.calls)),
         )
+        call.input_bytes = sum(
+            t.numel() * t.element_size()
+            for t in (*args, *kwargs.values())
+            if isinstance(t, torch.Tensor)
+        )
         self.calls.append(call)
-        del self.calls[:-MAX_CALLS_PER_STEP]
+        held = sum(c.input_bytes for c in self.calls[:-1])
+        while len(self.calls) > 1 and (
+            len(self.calls) > MAX_CALLS_PER_STEP or held > self.max_gradient_bytes
+        ):
+            held -= self.calls.pop(0).input_bytes
+            self.dropped_calls += 1
         self._current = call
 
     def _prepare_backward(self, call: ForwardCall, output: Any) -> None:
@@ -351,6 +365,12 @@ class StepReplay:
         """Why a repeat that stayed finite found nothing, where the capture knows better."""
         if not last.details.get("finite"):
             return last
+        if self.dropped_calls:
+            last.details["reason"] += (
+                f"; the step's first {self.dropped_calls} forward call(s) were not kept "
+                f"(over {MAX_CALLS_PER_STEP} calls or max_gradient_bytes of inputs), so "
+                "were not repeated"
+            )
         over = [c.gradient_bytes_over for c in calls if c.gradient_bytes_over is not None]
         if over and not any(c.in_model_loss for c in calls):
             origin = statistics_origin(stats, layer_names)

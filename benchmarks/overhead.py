@@ -9,6 +9,10 @@ process so that machine drift (thermal, other load) hits them alike:
 - ``gradscope``: ``gradscope.watch(model)`` (every parameterised layer, default statistics:
   gradient norms every step, max |g| and weight norms every 10th) and ``watch.collect(loss)``
   after each backward;
+- ``gradscope_no_capture``: the same watch without its per-step capture for locating a
+  NaN/Inf without ``locate=`` (``gradscope.core.replay``: the root's inputs by reference,
+  the random states, the buffers forward writes, the gradient at the model's output); the
+  capture is on in ``gradscope`` only (its hooks are removed for every other variant);
 - ``gradscope_detail1``: the same with ``detail_every=1`` (every statistic every step);
 - ``seed_hook``: the seed's approach, a ``Tensor.register_hook`` on every parameter calling
   ``torch.isnan(grad).any()``, ``torch.isinf(grad).any()`` and ``grad.norm().item()``;
@@ -91,6 +95,7 @@ import gradscope  # noqa: E402
 VARIANTS = (
     "plain",
     "gradscope",
+    "gradscope_no_capture",
     "gradscope_detail1",
     "seed_hook",
     "detect_anomaly",
@@ -324,12 +329,17 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
         loss_fn(model(x), y).backward()
         optimizer.step()
     watch = gradscope.watch(model)
-    watch_detail1 = gradscope.watch(model, detail_every=1)
+    capture = watch.replay  # on for the "gradscope" variant only
+    watch_detail1 = gradscope.watch(model, detail_every=1, replay=False)
     params = [p for p in model.parameters() if p.requires_grad]
     seed = SeedHook(model)
     cuda = device.type == "cuda"
 
     def step(variant: str) -> float:
+        if variant == "gradscope":
+            capture.attach()
+        else:
+            capture.detach()
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -341,7 +351,7 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
         else:
             loss = loss_fn(model(x), y)
             loss.backward()
-            if variant == "gradscope":
+            if variant in ("gradscope", "gradscope_no_capture"):
                 _watch_collect(watch, loss, cuda)
             elif variant == "gradscope_detail1":
                 _watch_collect(watch_detail1, loss, cuda)
@@ -363,6 +373,7 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     every: dict[str, list[float]] = {v: [] for v in VARIANTS}
     ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    capture_ratios: list[float] = []  # the watch with its capture over the one without
     started = time.perf_counter()
     rounds = 0
     while rounds < max_rounds and (rounds < 3 or time.perf_counter() - started < budget):
@@ -374,6 +385,7 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
             times[variant].append(block[variant])
         for variant in VARIANTS:
             ratios[variant].append(block[variant] / block["plain"])
+        capture_ratios.append(block["gradscope"] / block["gradscope_no_capture"])
         rounds += 1
     elapsed = time.perf_counter() - started
     watch.close()
@@ -390,6 +402,10 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
         "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "target_gradscope": case.target,
         "target_gradscope_detail1": case.target_detail1,
+        # issue #24's target: the per-step capture adds at most 1% to the watched step
+        "capture_ratio_median": round(statistics.median(capture_ratios), 4),
+        "capture_ratio_p25": round(_quantile(sorted(capture_ratios), 0.25), 4),
+        "capture_ratio_p75": round(_quantile(sorted(capture_ratios), 0.75), 4),
         "variants": {},
     }
     plain_p10 = _quantile(sorted(every["plain"]), 0.1)
@@ -852,6 +868,11 @@ def print_table(results: dict, header: str) -> None:
                 f"{'':<12} target: gradscope_detail1 <= {res['target_gradscope_detail1']}x: "
                 f"{met} (median ratio)"
             )
+        print(
+            f"{'':<12} capture (gradscope / gradscope_no_capture, same round): "
+            f"{res['capture_ratio_median']:.4f}x median, p25-p75 "
+            f"{res['capture_ratio_p25']:.4f}-{res['capture_ratio_p75']:.4f}"
+        )
         print(
             f"{'':<12} target: gradscope <= {target}x and below seed_hook: {verdict} "
             f"(median ratio), {verdict_p10} (p10 ratio)\n"

@@ -164,7 +164,9 @@ def test_update_ratio_and_origin_without_locate(tmp_path):
     np.testing.assert_array_equal(ratios[:3], live.matrix("update_ratio")[:3])
     origin = history.first_nonfinite
     assert origin is not None and origin.step == 3
-    assert origin.details["reproduced"] is False and "locate=" in origin.details["hint"]
+    # without locate= the watch repeats the step it captured: the module and line are found
+    assert (origin.phase, origin.module, origin.op) == ("forward", "2", "torch.log")
+    assert origin.details["repeated"] == "captured step"
 
 
 def test_record_needs_a_new_file_unless_overwrite(tmp_path):

@@ -54,6 +54,8 @@ def origin_to_json(origin: Origin | None) -> dict[str, Any] | None:
     result["values"] = _json_safe(origin.details.get("values"))
     if "reason" in origin.details:  # phase "unknown": why the re-run could not say
         result["reason"] = origin.details["reason"]
+    if "trace" in origin.details:  # the re-run's events, forward and backward, in order
+        result["trace"] = _json_safe(origin.details["trace"])
     return result
 
 

@@ -28,6 +28,7 @@ from gradscope.core.errors import (
 from gradscope.core.facts import Origin
 from gradscope.core.loading import LoadedModel, user_traceback
 from gradscope.core.module_tree import ModuleTree, build_module_tree
+from gradscope.core.rng import RandomState, capture_random_state, restore_random_state
 from gradscope.core.settings import RunSettings
 from gradscope.core.trace import TraceEvent, trace_step
 from gradscope.core.watch import GradientWatch, StepStats
@@ -176,7 +177,7 @@ class _Snapshot:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     optimizer_kind: str  # settings.optimizer when it was taken: whose state ``optimizer`` is
-    rng: tuple[torch.Tensor, torch.Tensor | None]
+    rng: RandomState
     first_nonfinite: Origin | None
     watch_step: int
     scaler: dict[str, Any] | None = None
@@ -190,17 +191,6 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors_in(v)]
     return []
-
-
-def _capture_rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _restore_rng(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
 
 
 class StepRunner:
@@ -416,7 +406,7 @@ class StepRunner:
         self._take_snapshot()
         self.optimizer.zero_grad(set_to_none=True)
         inputs, target = self._batch()
-        rng_before = _capture_rng(self.device)
+        rng_before = capture_random_state()
         trace = None
         if self.settings.trace:
             with trace_step(self.model, step) as trace:
@@ -513,7 +503,7 @@ class StepRunner:
                 model={k: v.detach().clone() for k, v in self.model.state_dict().items()},
                 optimizer=copy.deepcopy(self.optimizer.state_dict()),
                 optimizer_kind=self.settings.optimizer,
-                rng=_capture_rng(self.device),
+                rng=capture_random_state(),
                 first_nonfinite=self.first_nonfinite,
                 watch_step=self.watch.step if self.watch is not None else 0,
                 scaler=self.scaler.state_dict() if self.scaler is not None else None,
@@ -559,7 +549,7 @@ class StepRunner:
         # The state dict brought back that step's learning rate etc.; the current settings
         # are what the run goes on with (and what the app shows).
         self._set_hyperparameters()
-        _restore_rng(snapshot.rng, self.device)
+        restore_random_state(snapshot.rng)
         self.first_nonfinite = snapshot.first_nonfinite
         self.step_index = snapshot.step
         if self.watch is not None:
@@ -573,7 +563,7 @@ class StepRunner:
         step started with (dropout draws the same masks)."""
 
         def locate() -> torch.Tensor:
-            _restore_rng(rng_before, self.device)
+            restore_random_state(rng_before)
             return self._loss(inputs, target)
 
         return locate

@@ -30,10 +30,15 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from gradscope.core.facts import STATUS_NONFINITE, Origin, StepStats
-from gradscope.core.origin import locate_first_nonfinite, origin_from_statistics
+from gradscope.core.origin import locate_first_nonfinite, loss_from_output, origin_from_statistics
+from gradscope.core.rng import capture_random_state, restore_random_state
+from gradscope.core.trace import trace_step
 from gradscope.core.wrappers import running_locally, sharded_reason, unwrap_model
 
 DEFAULT_TIMEOUT = 120.0
+# Events of the failing step kept with its origin (forward + backward of every module; a
+# model of thousands of modules keeps the first ones, in execution order).
+MAX_TRACE_EVENTS = 5000
 
 
 class LocateTimeout(Exception):
@@ -56,17 +61,6 @@ class _Deadline(TorchFunctionMode):
             self.fired = True
             raise LocateTimeout(f"the re-run took longer than {self.seconds:g} s")
         return func(*args, **(kwargs or {}))
-
-
-def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
-
-
-def _restore_rng(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state_all(state[1])
 
 
 def _distributed_world() -> int:
@@ -97,19 +91,26 @@ def locate_safely(
     *,
     batch: Any = None,
     timeout: float = DEFAULT_TIMEOUT,
+    repeated: bool = False,
 ) -> Origin:
     """Re-run the failing step through ``locate`` (a function that rebuilds the step's loss
     from the same batch) and return where its first NaN/Inf came from. Never raises for
-    GradScope's own reasons; see the module docstring."""
+    GradScope's own reasons; see the module docstring. ``repeated``: ``locate`` is the
+    watch's own repeat of a captured step (:mod:`gradscope.core.replay`), not the user's;
+    the reasons then say so."""
     reason = sharded_reason(model)
     if reason is not None:
         return unknown_origin(stats, reason)
     eager = unwrap_model(model)
-    rng = _rng_state()
+    rng = capture_random_state()
     started = time.monotonic()
+    others = _OtherGradients(eager)
     try:
         with running_locally(model), _Deadline(timeout), torch.enable_grad():
-            found = locate_first_nonfinite(eager, locate, stats.step, batch=batch)
+            with trace_step(eager, stats.step, summaries=True) as trace:
+                found = locate_first_nonfinite(
+                    eager, others.watching(locate), stats.step, batch=batch
+                )
     except LocateTimeout as error:
         return unknown_origin(
             stats,
@@ -117,14 +118,19 @@ def locate_safely(
         )
     except Exception as error:  # the user's locate(), or the instruments, failed
         first_line = (str(error).splitlines() or [""])[0]
+        advice = (
+            "pass locate=<a function recomputing the loss from the same batch> to collect()"
+            if repeated
+            else "check that locate() rebuilds this step's loss from the same batch"
+        )
         return unknown_origin(
             stats,
-            f"the re-run raised {type(error).__name__}: {first_line}. Training goes on; "
-            "check that locate() rebuilds this step's loss from the same batch",
+            f"the re-run raised {type(error).__name__}: {first_line}. Training goes on; " + advice,
             error=f"{type(error).__name__}: {first_line}",
         )
     finally:
-        _restore_rng(rng)
+        others.restore()
+        restore_random_state(rng)
     seconds = time.monotonic() - started
     if found is None:
         if _distributed_world() > 1:
@@ -132,15 +138,76 @@ def locate_safely(
                 "this rank's re-run was finite: the NaN/Inf most likely came from another "
                 "rank's batch through the gradient all-reduce (see that rank's origin)"
             )
+        elif repeated:
+            reason = (
+                "the repeat of this step's forward and backward was finite: the inputs may "
+                "have been changed in place after the forward, a non-deterministic kernel can "
+                "make a NaN that does not repeat, or the step's loss is not the model's output "
+                "(pass locate=<a function recomputing the loss> to collect())"
+            )
         else:
             reason = (
                 "the re-run of this step was finite: locate() must rebuild this step's loss "
                 "exactly (the same batch, autocast, loss scaling and micro-batches); a "
                 "non-deterministic kernel can also make a NaN that does not repeat"
             )
-        return unknown_origin(stats, reason, nonfinite_layers=_nonfinite_layers(stats, layer_names))
+        return unknown_origin(
+            stats, reason, finite=True, nonfinite_layers=_nonfinite_layers(stats, layer_names)
+        )
     found.details.setdefault("locate_seconds", round(seconds, 3))
+    if trace.events:
+        # the failing step, walkable module by module wherever the origin goes (recording,
+        # report, app)
+        events = [event.to_json() for event in trace.events[:MAX_TRACE_EVENTS]]
+        found.details["trace"] = events
+        if len(trace.events) > MAX_TRACE_EVENTS:
+            found.details["trace_events_dropped"] = len(trace.events) - MAX_TRACE_EVENTS
     return found
+
+
+class _OtherGradients:
+    """The ``.grad`` of every leaf the re-run's loss reaches that is not one of the model's
+    parameters (those :func:`locate_first_nonfinite` restores itself): a GAN's
+    discriminator when the generator is watched, an input that requires a gradient. Set
+    aside when the re-run's loss exists, before its backward; put back after."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._own = {id(p) for p in model.parameters()}
+        self._saved: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+    def watching(self, locate: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            output = locate()
+            try:
+                loss = loss_from_output(output)
+            except TypeError:
+                return output  # locate_first_nonfinite says what is wrong with it
+            self._save(loss)
+            return output
+
+        return run
+
+    def _save(self, loss: torch.Tensor) -> None:
+        seen: set[Any] = set()
+        pending = [loss.grad_fn]
+        while pending:
+            node = pending.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            leaf = getattr(node, "variable", None)
+            if isinstance(leaf, torch.Tensor):
+                if id(leaf) not in self._own:
+                    # backward accumulates into an existing .grad in place: set it aside
+                    self._saved.append((leaf, leaf.grad))
+                    leaf.grad = None
+                continue
+            pending.extend(next_node for next_node, _ in node.next_functions)
+
+    def restore(self) -> None:
+        for leaf, grad in self._saved:
+            leaf.grad = grad
+        self._saved.clear()
 
 
 def _nonfinite_layers(stats: StepStats, layer_names: list[str]) -> list[str]:

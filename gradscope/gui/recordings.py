@@ -279,6 +279,7 @@ class RecordingController(QObject):
             return
         if added:
             self.window._dirty = True
+            self.window.debugger.show_recorded_trace(self.window.history.first_nonfinite)
         self.steps_followed.emit(added)
         if not added and not reader.is_live():
             self.follow_action.setChecked(False)

@@ -11,7 +11,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QInputDialog, QLabel, QStyle
 
 from gradscope.core.history import Event
-from gradscope.core.trace import BACKWARD, TraceEvent, gradients_until
+from gradscope.core.trace import BACKWARD, TraceEvent, gradients_until, recorded_trace
 from gradscope.gui.diagnosis_pane import DiagnosisPane
 from gradscope.gui.timeline import TraceCursor, TraceTimeline
 from gradscope.gui.worker import RunPaused, RunRewound, StepsFinished
@@ -40,6 +40,7 @@ class StepDebugger(QObject):
         self.rewind_steps: list[int] = []
         self.snapshot_bytes = 0
         self._origin_shown = None
+        self._trace_origin: Any = None  # the recorded origin whose trace the pane shows
 
         self.trace_dock = window._dock("Step trace", "trace", self.timeline)
         self.diagnosis_dock = window._dock("Diagnosis", "diagnosis", self.diagnosis)
@@ -145,13 +146,31 @@ class StepDebugger(QObject):
             if self.rewind_steps and live else "")
 
     def show_recording(self, origin: Any) -> None:
-        """A recording replaced the live model: no trace, no rewind, its own origin."""
+        """A recording replaced the live model: no rewind, its own origin, and the failing
+        step's trace it keeps with that origin (walkable as a traced step)."""
         self.trace_events = []
         self.timeline.set_events([])
         self.flow_override = None
         self.rewind_steps, self.snapshot_bytes = [], 0
         self.diagnosis.show_origin(origin)
         self._origin_shown = origin
+        self._trace_origin = None
+        self.show_recorded_trace(origin)
+        self.update_actions()
+
+    def show_recorded_trace(self, origin: Any) -> None:
+        """Feed the Step trace pane the failing step a recording keeps with ``origin``
+        (also when it first appears while the recording is followed live)."""
+        if origin is None or origin is self._trace_origin:
+            return
+        events = recorded_trace(origin)
+        if not events:
+            return
+        self._trace_origin = origin
+        self.trace_events = events
+        self.timeline.set_events(events)
+        if not self.trace_dock.isVisible():
+            self.trace_dock.show()
         self.update_actions()
 
     # -- events ------------------------------------------------------------------------

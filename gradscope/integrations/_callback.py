@@ -120,12 +120,13 @@ class CallbackWatch:
         if self.open_app:
             self.app = open_app(self.path)
 
-    def collect(self, loss: torch.Tensor | None, step: int | None) -> Any:
+    def collect(self, loss: torch.Tensor | None, step: int | None, locate: Any = None) -> Any:
+        """``locate``: the library's own repeat of the step (see ``_repeat.KeptSteps``)."""
         if self.watch is None:
             return None
         if step is not None:
             self.watch.step = step
-        self.last_stats = self.watch.collect(loss)
+        self.last_stats = self.watch.collect(loss, locate=locate)
         return self.last_stats
 
     def close(self) -> None:

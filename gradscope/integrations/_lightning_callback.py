@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gradscope.integrations._callback import CallbackViews, CallbackWatch, LossAccumulator
+from gradscope.integrations._repeat import KeptSteps
 
 
 class LightningGradScope(CallbackViews):
@@ -47,6 +48,7 @@ class LightningGradScope(CallbackViews):
         self._log_to_trainer = log_to_trainer
         self._gradscope = CallbackWatch(record, layers, detail_every, open_app, watch_options)
         self._losses = LossAccumulator()
+        self._kept: KeptSteps | None = None  # the step's batches, for a NaN/Inf's repeat
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._losses.take()
@@ -78,6 +80,14 @@ class LightningGradScope(CallbackViews):
 
                 warn_user("GradScopeCallback(log_to_trainer=True): the Trainer has no logger")
         self._gradscope.start(pl_module, folder or trainer.default_root_dir, settings, sinks)
+        self._kept = KeptSteps(getattr(trainer.precision_plugin, "train_step_context", None))
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int):
+        # training_step often calls submodules, never the module's own forward: keep the
+        # batch and repeat training_step itself if this step goes non-finite
+        if self._kept is not None and self._gradscope.watch is not None:
+            if pl_module.automatic_optimization:
+                self._kept.keep(lambda: _repeat_training_step(pl_module, batch, batch_idx))
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self._gradscope.watch is not None:
@@ -102,7 +112,8 @@ class LightningGradScope(CallbackViews):
             # unscaled by now. The scale as a tensor: dividing costs no synchronisation.
             scale = getattr(scaler, "_scale", None)
             loss = loss / (scale.to(loss.device) if scale is not None else scaler.get_scale())
-        self._gradscope.collect(loss, trainer.global_step)
+        locate = self._kept.take() if self._kept is not None else None
+        self._gradscope.collect(loss, trainer.global_step, locate)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._gradscope.close()
@@ -110,3 +121,18 @@ class LightningGradScope(CallbackViews):
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
             self._gradscope.close()
+
+
+def _repeat_training_step(pl_module: Any, batch: Any, batch_idx: int) -> Any:
+    """``training_step`` again on the kept batch, with its ``self.log`` calls muted (the
+    repeat is no step of the run's)."""
+    pl_module.__dict__["log"] = pl_module.__dict__["log_dict"] = _muted
+    try:
+        return pl_module.training_step(batch, batch_idx)
+    finally:
+        pl_module.__dict__.pop("log", None)
+        pl_module.__dict__.pop("log_dict", None)
+
+
+def _muted(*args: Any, **kwargs: Any) -> None:
+    return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ except ImportError as _missing:
     ) from None
 
 from gradscope.integrations._callback import CallbackViews, CallbackWatch, LossAccumulator
+from gradscope.integrations._repeat import KeptSteps
 
 __all__ = ["GradScopeCallback"]
 
@@ -78,6 +79,8 @@ class GradScopeCallback(CallbackViews, TrainerCallback):
         self._collected: int | None = None
         self._unwrap: Any = None
         self._loss_scale = 1
+        self._kept: KeptSteps | None = None  # the step's inputs, for a NaN/Inf's repeat
+        self._unwrap_loss: Any = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs):
         self._stop()
@@ -102,7 +105,9 @@ class GradScopeCallback(CallbackViews, TrainerCallback):
         # process and the Trainer multiplies back by their number: this process's loss.
         average = getattr(args, "average_tokens_across_devices", False)
         self._loss_scale = args.world_size if average and args.world_size > 1 else 1
-        self._follow_unscaling(_calling_trainer())
+        trainer = _calling_trainer()
+        self._follow_unscaling(trainer)
+        self._keep_compute_loss(trainer, model)
 
     def _on_forward(self, module: Any, args: Any, kwargs: dict, output: Any) -> None:
         if not module.training or not torch.is_grad_enabled():
@@ -141,6 +146,28 @@ class GradScopeCallback(CallbackViews, TrainerCallback):
         accelerator.unscale_gradients = unscale_gradients
         self._unwrap = lambda: vars(accelerator).pop("unscale_gradients", None)
 
+    def _keep_compute_loss(self, trainer: Any, model: Any) -> None:
+        """Keep each training micro-batch's inputs as the Trainer hands them to
+        ``compute_loss``, so that a NaN/Inf step is repeated as the Trainer computed it (its
+        loss may be computed outside the model: label smoothing, a subclass's own loss); the
+        repeat calls the model inside any DDP wrapper (no collective)."""
+        original = getattr(trainer, "compute_loss", None)
+        if original is None:
+            return
+        self._kept = KeptSteps(getattr(trainer, "compute_loss_context_manager", None))
+        kept = self._kept
+
+        def compute_loss(called: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            training = getattr(called, "training", False) and torch.is_grad_enabled()
+            if training and not kwargs.get("return_outputs") and not args:
+                # compute_loss may pop the labels: each repeat gets its own shallow copy
+                given = dict(inputs) if isinstance(inputs, Mapping) else inputs
+                kept.keep(lambda: original(model, _copied(given), **kwargs))
+            return original(called, inputs, *args, **kwargs)
+
+        trainer.compute_loss = compute_loss
+        self._unwrap_loss = lambda: vars(trainer).pop("compute_loss", None)
+
     def _collect(self) -> None:
         """This optimizer step's statistics, once."""
         state = self._state
@@ -153,7 +180,8 @@ class GradScopeCallback(CallbackViews, TrainerCallback):
         if loss is not None and self._summed and self._loss_scale != 1:
             loss = loss * self._loss_scale
         self._summed = False
-        self._gradscope.collect(loss, state.global_step)
+        locate = self._kept.take() if self._kept is not None else None
+        self._gradscope.collect(loss, state.global_step, locate)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self._collect()
@@ -168,6 +196,10 @@ class GradScopeCallback(CallbackViews, TrainerCallback):
         if self._unwrap is not None:
             self._unwrap()
             self._unwrap = None
+        if self._unwrap_loss is not None:
+            self._unwrap_loss()
+            self._unwrap_loss = None
+        self._kept = None
         self._losses.take()
         self._state = None
         self._collected = None
@@ -188,3 +220,7 @@ def _calling_trainer() -> Any:
             return candidate
         frame = frame.f_back
     return None
+
+
+def _copied(inputs: Any) -> Any:
+    return dict(inputs) if isinstance(inputs, Mapping) else inputs

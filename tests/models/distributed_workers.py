@@ -75,11 +75,13 @@ def ddp_nan_loop(
     nan_steps: tuple[int, ...],
     seed_step: int,
     nan_at: tuple[int, int],
+    locate: bool = True,
 ):
     """The DDP loop both NaN-in-one-rank workers run: the model wrapped in DDP, a watch that
     records to ``out/run.gsrec``; rank ``nan_rank``'s batch holds a NaN at ``nan_steps``;
-    every rank collects with locate= and batch=, and skips the optimizer on non-finite
-    steps. Yields (watch, stats) for each step; the watch is closed after the last."""
+    every rank collects with locate= and batch= (``locate=False``: with neither, the watch
+    repeats the step it captured), and skips the optimizer on non-finite steps. Yields
+    (watch, stats) for each step; the watch is closed after the last."""
     import gradscope
 
     ddp = nn.parallel.DistributedDataParallel(model)
@@ -99,14 +101,22 @@ def ddp_nan_loop(
         optimizer.zero_grad()
         loss = compute_loss()
         loss.backward()
-        stats = watch.collect(loss, locate=compute_loss, batch=(x, y))
+        if locate:
+            stats = watch.collect(loss, locate=compute_loss, batch=(x, y))
+        else:
+            stats = watch.collect(loss)
         if not stats.nonfinite:
             optimizer.step()
         yield watch, stats
     watch.close()
 
 
-def ddp_nan_in_one_rank(rank: int, world: int, port: int, out: str) -> None:
+def ddp_nan_in_one_rank_captured(rank: int, world: int, port: int, out: str) -> None:
+    """:func:`ddp_nan_in_one_rank` with no locate= and no batch=."""
+    ddp_nan_in_one_rank(rank, world, port, out, locate=False)
+
+
+def ddp_nan_in_one_rank(rank: int, world: int, port: int, out: str, locate: bool = True) -> None:
     """DDP with BatchNorm; rank 0's batch holds a NaN at steps 0 and 3. Every rank collects
     with locate= and records; the loop skips the optimizer on non-finite steps."""
     init(rank, world, port)
@@ -123,6 +133,7 @@ def ddp_nan_in_one_rank(rank: int, world: int, port: int, out: str) -> None:
         nan_steps=(0, 3),
         seed_step=100,
         nan_at=(2, 1),
+        locate=locate,
     )
     for watch, stats in loop:
         facts["layers"] = [layer.name for layer in watch.layers]

@@ -17,7 +17,6 @@ once to stderr and that model is no longer watched; the script goes on.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import traceback
@@ -34,7 +33,6 @@ from gradscope.core.attach.app_launch import open_app
 from gradscope.core.attach.loss_capture import LossCapture
 from gradscope.core.attach.model_finder import ModelFinder, calls_as_batch
 from gradscope.core.errors import GradScopeError
-from gradscope.core.origin import float_tensors
 from gradscope.core.wrappers import unwrap_model
 
 SUFFIX = ".gsrec"
@@ -62,26 +60,6 @@ class WatchedModel:
     path: Path | None
     optimizers: set[int] = field(default_factory=set)
     failed: bool = False
-
-
-def _first_nonfinite_call(calls: list[tuple[tuple, dict]]) -> tuple[tuple, dict] | None:
-    """The first call whose floating inputs hold NaN/Inf, or None. One sum per tensor, read
-    once for them all (a sum is NaN/Inf when any element is; an exact check confirms the
-    rare non-finite sum, which can also be a finite overflow)."""
-    tensors = [
-        (number, tensor)
-        for number, call in enumerate(calls)
-        for tensor in float_tensors(call)
-        if tensor.numel()
-    ]
-    if not tensors:
-        return None
-    device = tensors[0][1].device
-    sums = torch.stack([t.detach().sum().float().to(device) for _, t in tensors]).tolist()
-    for (number, tensor), total in zip(tensors, sums, strict=True):
-        if not math.isfinite(total) and not bool(torch.isfinite(tensor.detach()).all()):
-            return calls[number]
-    return None
 
 
 class AttachSession:
@@ -126,11 +104,8 @@ class AttachSession:
                 continue
             calls = self.finder.take_calls(entry.model)
             try:
-                locate = None
-                bad_call = _first_nonfinite_call(calls)
-                if bad_call is not None:
-                    locate = _repeat_forward(entry.model, bad_call)
-                entry.watch.collect(loss, batch=calls_as_batch(calls), locate=locate)
+                # The watch locates a NaN/Inf by itself: it captured this step's forward.
+                entry.watch.collect(loss, batch=calls_as_batch(calls))
             except Exception as error:
                 entry.failed = True
                 say(
@@ -314,22 +289,3 @@ def _world_size() -> int:
 
 def _is_first_rank() -> bool:
     return _world_size() == 1 or torch.distributed.get_rank() == 0
-
-
-def _repeat_forward(model: nn.Module, call: tuple[tuple, dict]) -> Any:
-    """A ``locate`` for a step whose batch holds NaN/Inf: the model's forward repeated on
-    that call's kept inputs. The watch checks the batch first and names it as the origin
-    (phase "input", the tensor and the samples); attach does not know the script's loss
-    code, so the re-run's loss is the sum of the outputs. Only such a step gets it: the
-    watch's own origin (its statistics, or its own re-run once it has one) stands on every
-    other step."""
-    args, kwargs = call
-
-    def locate() -> torch.Tensor:
-        output = model(*args, **kwargs)
-        parts = [t.float().sum() for t in float_tensors(output) if t.requires_grad]
-        if not parts:
-            raise GradScopeError("the model's output holds no tensor that needs a gradient")
-        return torch.stack(parts).sum()
-
-    return locate

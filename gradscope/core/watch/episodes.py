@@ -40,7 +40,11 @@ class Episodes:
         rank: int | None,
         optimizers: Sequence[Any],
         first_collected: bool,
+        replay: Any = None,
     ) -> None:
+        """Give the first step of a new episode its origin: through ``locate``, else by
+        repeating the step ``replay`` captured (gradscope.core.replay), else from the
+        statistics."""
         if not stats.nonfinite:
             self.in_episode = False
             return
@@ -48,7 +52,8 @@ class Episodes:
             return
         self.in_episode = True
         names = [layer.name for layer in layers]
-        if locate is None:
+        repeat = locate is None and replay is not None
+        if locate is None and not repeat:
             origin = statistics_origin(stats, names)
             if sharded:
                 origin.details["hint"] = (
@@ -65,9 +70,14 @@ class Episodes:
             )
         else:
             self.located += 1
-            origin = locate_safely(
-                model, locate, stats, names, batch=batch, timeout=self.locate_timeout
-            )
+            if repeat:
+                origin = replay.locate(
+                    model, stats, names, batch=batch, timeout=self.locate_timeout
+                )
+            else:
+                origin = locate_safely(
+                    model, locate, stats, names, batch=batch, timeout=self.locate_timeout
+                )
         if stats.ranks is not None and rank is not None:
             name_the_rank(origin, stats.ranks, rank)
         if stats.scale_collapsed:

@@ -28,6 +28,7 @@ from gradscope.core.facts import (
     StepStats,
 )
 from gradscope.core.origin import float_tensors
+from gradscope.core.replay import DEFAULT_GRADIENT_BYTES, make_replay
 from gradscope.core.sharded import RankExchange, local
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.watch.binding import Binding, bind
@@ -71,9 +72,11 @@ class GradientWatch:
     directly (no collective, no recompilation).
 
     NaN/Inf: the first step of each NaN/Inf episode (a non-finite step after a finite one)
-    gets ``stats.origin``. With ``locate`` given to :meth:`collect` the step is re-run with
-    instruments (module, op, line); at most ``max_located`` episodes are re-run per watch,
-    each for at most ``locate_timeout`` seconds. The re-run never raises into the training
+    gets ``stats.origin``. The step is re-run with instruments (module, op, line): through
+    ``locate`` when given to :meth:`collect`, else by repeating the step the watch captured
+    (``replay=True``, :mod:`gradscope.core.replay`; the gradient kept at the model's output
+    is bounded by ``max_gradient_bytes``); at most ``max_located`` episodes are re-run per
+    watch, each for at most ``locate_timeout`` seconds. The re-run never raises into the training
     loop and never runs a collective (see :mod:`gradscope.core.safe_locate`).
 
     ``scaler``: the ``torch.amp.GradScaler`` of a mixed-precision loop. Statistics are then
@@ -119,6 +122,8 @@ class GradientWatch:
         overwrite: bool = False,
         commit_seconds: float = 1.0,
         sinks: Sequence[Any] = (),
+        replay: bool = True,
+        max_gradient_bytes: int = DEFAULT_GRADIENT_BYTES,
     ) -> None:
         self.wrapped_model = model
         model = unwrap_model(model)
@@ -159,6 +164,8 @@ class GradientWatch:
         self.update = UpdateRatio(self.exchange, self.fact_device)
         self.last: StepStats | None = None
         self.episodes = Episodes(int(max_located), float(locate_timeout))
+        # What repeating a step without locate= needs, captured at each training forward.
+        self.replay = make_replay(model, enabled=replay, max_gradient_bytes=max_gradient_bytes)
         self._handles: list[Any] = []
         self._kinds_cache: tuple[Any, torch.Tensor] | None = None
         # The optimizers that write the weights: an "update" origin names them, and with
@@ -439,7 +446,10 @@ class GradientWatch:
             rank=None if self.exchange is None else self.exchange.rank,
             optimizers=self.optimizers,
             first_collected=self._collected == 1,
+            replay=self.replay,
         )
+        if self.replay is not None:  # the next forward is a new step
+            self.replay.step_collected()
         self.sinks.on_step(self, stats)
         return stats
 
@@ -461,6 +471,8 @@ class GradientWatch:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            if self.replay is not None:
+                self.replay.close()
 
     def __enter__(self) -> GradientWatch:
         return self

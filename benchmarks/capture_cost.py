@@ -1,0 +1,150 @@
+"""What the watch's per-step capture (``gradscope.core.replay``: locating a NaN/Inf without
+``locate=``) adds to a training step, on the MLP and resnet18 cases of ``overhead.py``.
+
+    .venv/bin/python benchmarks/capture_cost.py [--pairs-mlp 300] [--pairs-resnet18 40]
+
+Two figures, both robust to a busy shared machine:
+
+- the whole step (forward, backward, ``watch.collect(loss)``, optimizer) of the same watch with
+  and without the capture's hooks, interleaved step by step in a random order: the ratio of
+  their 10th-percentile step times and the median of the per-pair ratios;
+- the capture's own time, measured inside its hooks (the root pre- and post-forward hooks
+  and the end of the step) with ``time.perf_counter``, against the plain step's 10th
+  percentile: what the capture itself costs, free of the step-to-step noise that hides 1%.
+
+Results go to ``benchmarks/results/capture-cpu.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overhead import cases
+
+import gradscope
+
+
+class _Timed:
+    """Accumulates the time spent in the wrapped bound methods of one StepReplay."""
+
+    def __init__(self, replay, names: tuple[str, ...]) -> None:
+        self.seconds = 0.0
+        for name in names:
+            original = getattr(replay, name)
+            setattr(replay, name, self._wrap(original))
+
+    def _wrap(self, function):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))]
+
+
+def measure(name: str, pairs: int, seed: int = 0) -> dict:
+    device = torch.device("cpu")
+    case = next(c for c in cases(device) if c.name == name)
+    torch.manual_seed(0)
+    model, x, y, loss_fn = case.build(device)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    watch = gradscope.watch(model)
+    capture = watch.replay
+    # the hooks look their bound methods up at call time: time them from here on
+    timer = _Timed(capture, ("_before_forward", "_after_forward", "step_collected"))
+    capture.detach()
+    capture.attach()
+
+    def step(with_capture: bool) -> tuple[float, float]:
+        if with_capture:
+            capture.attach()
+        else:
+            capture.detach()
+        inside = timer.seconds
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        watch.collect(loss)
+        optimizer.step()
+        return time.perf_counter() - start, timer.seconds - inside
+
+    for _ in range(3):  # warm up
+        step(True)
+        step(False)
+    rng = random.Random(seed)
+    with_times, without_times, ratios, inside = [], [], [], []
+    load_before = os.getloadavg()[0]
+    for _ in range(pairs):
+        order = [True, False]
+        rng.shuffle(order)
+        measured = {}
+        for flag in order:
+            measured[flag] = step(flag)
+        with_times.append(measured[True][0])
+        without_times.append(measured[False][0])
+        inside.append(measured[True][1])
+        ratios.append(measured[True][0] / measured[False][0])
+    watch.close()
+    p10_without = _quantile(without_times, 0.1)
+    return {
+        "description": case.description,
+        "pairs": pairs,
+        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "p10_step_ms_without_capture": round(p10_without * 1e3, 3),
+        "p10_step_ms_with_capture": round(_quantile(with_times, 0.1) * 1e3, 3),
+        "ratio_p10_steps": round(_quantile(with_times, 0.1) / p10_without, 4),
+        "ratio_median_of_pairs": round(statistics.median(ratios), 4),
+        "capture_ms_median": round(statistics.median(inside) * 1e3, 4),
+        "capture_share_of_p10_step": round(statistics.median(inside) / p10_without, 5),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs-mlp", type=int, default=300)
+    parser.add_argument("--pairs-resnet18", type=int, default=40)
+    default_out = Path(__file__).parent / "results" / "capture-cpu.json"
+    parser.add_argument("--out", default=str(default_out))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(os.cpu_count() or 1)
+    results = {
+        "mlp": measure("mlp", args.pairs_mlp),
+        "resnet18": measure("resnet18", args.pairs_resnet18),
+    }
+    for name, res in results.items():
+        print(
+            f"{name:<9} p10 step {res['p10_step_ms_without_capture']:.2f} ms -> "
+            f"{res['p10_step_ms_with_capture']:.2f} ms ({res['ratio_p10_steps']:.4f}x; "
+            f"median of pairs {res['ratio_median_of_pairs']:.4f}x); capture itself "
+            f"{res['capture_ms_median']:.4f} ms a step = "
+            f"{100 * res['capture_share_of_p10_step']:.2f}% of the step; load "
+            f"{res['load_average_1min']}"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

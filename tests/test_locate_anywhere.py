@@ -258,8 +258,8 @@ def make_batch(batch_size, device):
 
 
 def test_a_rewind_brings_back_python_and_numpy_streams(write_script):
-    from gradscope.core.sources import load_with_settings
     from gradscope.core.runner import StepRunner
+    from gradscope.core.sources import load_with_settings
 
     loaded, settings = load_with_settings(str(write_script(RANDOM_SCRIPT, "noisy.py")), {})
     runner = StepRunner(loaded, settings)

@@ -475,7 +475,7 @@ class MainWindow(QMainWindow):
 
     def export_svg(self, path: str) -> bool:
         """The plots as Qt paints them, into an SVG file (pyqtgraph's own SVG exporter fails
-        under this Qt: see gradscope.gui.plots)."""
+        under this Qt: see gradscope.gui.plots.plot_widget)."""
         from PySide6.QtSvg import QSvgGenerator
 
         generator = QSvgGenerator()

@@ -84,10 +84,10 @@ def _shown_plot(qtbot, plot_class):
 
 
 def test_log_cache_grows_with_new_steps_and_starts_over_after_a_rewind() -> None:
-    from gradscope.gui.plots import _LogNormCache
+    from gradscope.gui.plots.log_norm_cache import LogNormCache
 
     _names, history, append = _history(5, 40)
-    cache = _LogNormCache()
+    cache = LogNormCache()
     assert cache.update(history)
     append(25)
     assert cache.update(history) and not cache.update(history)
@@ -105,12 +105,13 @@ def test_log_cache_grows_with_new_steps_and_starts_over_after_a_rewind() -> None
 
 
 def test_peak_levels_made_from_finer_levels_equal_peaks_of_the_steps() -> None:
-    from gradscope.gui.plots import _LogNormCache, _PeakLevels
+    from gradscope.gui.plots.log_norm_cache import LogNormCache
+    from gradscope.gui.plots.peak_cache import PeakLevels
 
     _names, history, append = _history(6, 300)
-    cache = _LogNormCache()
+    cache = LogNormCache()
     cache.update(history)
-    levels = _PeakLevels()
+    levels = PeakLevels()
     assert levels.block_size(0.3) == 1 and levels.block_size(5) == 8
     levels.level(cache, 2)  # a zoom in first; the coarser levels then come from it
     append(133)  # steps arrive; every level follows
@@ -128,9 +129,10 @@ def test_peak_levels_made_from_finer_levels_equal_peaks_of_the_steps() -> None:
 
 
 def test_many_layers_are_drawn_together_with_gaps_and_markers(qtbot) -> None:
-    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
+    from gradscope.gui.plots import GradientNormPlot
+    from gradscope.gui.plots.gradient_norm_plot import GROUPED_ABOVE
 
-    names, history, append = _history(_GROUPED_ABOVE + 20, 300)
+    names, history, append = _history(GROUPED_ABOVE + 20, 300)
     plot = _shown_plot(qtbot, GradientNormPlot)
     plot.item.setXRange(0, 299, padding=0)
     plot.refresh(_view(names, history, selected="layer3"))
@@ -187,16 +189,17 @@ def test_heatmap_drawn_step_by_step_equals_drawn_at_once(qtbot) -> None:
 
 
 def test_nice_rounding_of_the_step_axis_while_running() -> None:
-    from gradscope.gui.plots import _round_up_to_nice
+    from gradscope.gui.plots.plot_panel import round_up_to_nice
 
-    assert [_round_up_to_nice(v) for v in (0.3, 1, 1.5, 3, 7, 12, 4500)] == \
+    assert [round_up_to_nice(v) for v in (0.3, 1, 1.5, 3, 7, 12, 4500)] == \
         [1, 1, 2, 5, 10, 20, 5000]
 
 
 def test_many_layers_with_few_steps_show_dots(qtbot) -> None:
-    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
+    from gradscope.gui.plots import GradientNormPlot
+    from gradscope.gui.plots.gradient_norm_plot import GROUPED_ABOVE
 
-    names, history, _append = _history(_GROUPED_ABOVE + 5, 1)
+    names, history, _append = _history(GROUPED_ABOVE + 5, 1)
     plot = _shown_plot(qtbot, GradientNormPlot)
     plot.item.setXRange(-1, 1, padding=0)
     plot.refresh(_view(names, history))
@@ -232,7 +235,8 @@ def test_markers_of_many_layers_at_one_step_collapse_to_one_per_kind(qtbot) -> N
 
 
 def test_heatmap_names_its_layers_and_gives_zero_its_own_colour(qtbot) -> None:
-    from gradscope.gui.plots import _VIRIDIS_LUT, ZERO_RGBA, HeatmapPlot
+    from gradscope.gui.plots import ZERO_RGBA, HeatmapPlot
+    from gradscope.gui.plots.heatmap_colors import VIRIDIS_LUT
 
     names, history, _ = _history(layers=5, steps=30)
     heatmap = HeatmapPlot()
@@ -248,7 +252,7 @@ def test_heatmap_names_its_layers_and_gives_zero_its_own_colour(qtbot) -> None:
     zero = heatmap.rgba[7, 0]
     assert history.matrix("grad_norm")[7, 0] == 0
     assert tuple(zero) == ZERO_RGBA
-    assert not any(tuple(zero) == tuple(row) for row in _VIRIDIS_LUT)
+    assert not any(tuple(zero) == tuple(row) for row in VIRIDIS_LUT)
 
 
 def test_the_legend_stays_off_the_curves_and_with_many_layers(qtbot) -> None:
@@ -278,9 +282,10 @@ def test_grouped_lines_auto_range_and_keep_every_extreme_value(qtbot) -> None:
     # image shows them, and the NaN keeps its marker.
     from gradscope.core.history import RunHistory
     from gradscope.core.watch import StepStats, classify
-    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
+    from gradscope.gui.plots import GradientNormPlot
+    from gradscope.gui.plots.gradient_norm_plot import GROUPED_ABOVE
 
-    layers, steps = _GROUPED_ABOVE + 10, 2000
+    layers, steps = GROUPED_ABOVE + 10, 2000
     names = [f"layer{i}" for i in range(layers)]
     history = RunHistory(capacity=8)
     rng = np.random.default_rng(3)

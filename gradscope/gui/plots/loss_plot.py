@@ -1,0 +1,129 @@
+"""The loss against step, log y when it spans orders of magnitude."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+import pyqtgraph.exporters
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from gradscope.gui.mixed_precision import (
+    SKIPPED_WORDS,
+    LossScaleAxis,
+    SkippedMarkers,
+)
+from gradscope.gui.plots.display_values import log10_display
+from gradscope.gui.plots.plot_view import PlotView
+from gradscope.gui.plots.plot_widget import DOTS_UP_TO, make_plot_widget
+from gradscope.gui.selection import Selection
+from gradscope.gui.status_style import (
+    NONFINITE_MARKER_COLOR,
+)
+
+
+class LossPlot(QWidget):
+    selection_made = Signal(object)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.widget = make_plot_widget("Loss")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.widget)
+        self.item = self.widget.getPlotItem()
+        self.item.setLabel("bottom", "step")
+        self.item.getAxis("left").setWidth(56)
+        self.item.setClipToView(True)
+        self.item.setDownsampling(ds=True, auto=True, mode="peak")
+        self.curve = pg.PlotDataItem(pen=pg.mkPen("#333", width=1), connect="finite")
+        self.item.addItem(self.curve)
+        self.markers = pg.ScatterPlotItem(
+            size=11, symbol="x", pen=pg.mkPen(NONFINITE_MARKER_COLOR, width=2.5)
+        )
+        self.item.addItem(self.markers, ignoreBounds=True)
+        self.skipped = SkippedMarkers(self.item, pinned=False)
+        self.loss_scale = LossScaleAxis(self.item)
+        # Under the step axis, only while there is a scaler to explain.
+        self.legend = pg.LegendItem(labelTextSize="8pt", colCount=1, verSpacing=-6)
+        self.item.layout.addItem(self.legend, 4, 1)
+        self.legend.setVisible(False)
+        self._legend_key: tuple[bool, bool] = (False, False)
+        self.step_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#555", style=Qt.PenStyle.DashLine))
+        self.step_line.setVisible(False)
+        self.item.addItem(self.step_line, ignoreBounds=True)
+        self._nonfinite_steps = np.zeros(0)
+        self._log = False
+        self.item.vb.sigRangeChanged.connect(self._place_markers)
+        self.widget.scene().sigMouseClicked.connect(self._on_scene_mouse_clicked)
+        self._steps = np.zeros(0)
+
+    def refresh(self, view: PlotView) -> None:
+        steps = view.history.steps.astype(np.float64)
+        loss = view.history.losses
+        finite = np.isfinite(loss)
+        # Log scale only when the loss spans orders of magnitude (a narrow range would get
+        # one or two ticks).
+        positive = loss[finite]
+        use_log = bool(
+            positive.size and (positive > 0).all() and positive.max() / positive.min() >= 20
+        )
+        if use_log != self._log:
+            self._log = use_log
+            self.item.getAxis("left").setLogMode(use_log)
+            self.item.setLabel("left", "loss" + (" (log)" if use_log else ""))
+        y = log10_display(loss) if use_log else np.where(finite, loss, np.nan)
+        # Dots while there are few steps: a single step has no line to draw.
+        few = len(steps) <= DOTS_UP_TO and bool(np.isfinite(y).any())
+        self.curve.setData(
+            steps,
+            y,
+            connect="finite",
+            symbol="o" if few else None,
+            symbolSize=5,
+            symbolBrush="#333",
+            symbolPen=None,
+        )
+        self._steps = steps
+        self._nonfinite_steps = steps[~finite]
+        self.skipped.refresh(view.history, y)
+        self.loss_scale.refresh(view.history)
+        self._update_legend()
+        self.show_selection(view.selected_step)
+        self._place_markers()
+
+    def _update_legend(self) -> None:
+        key = (bool(len(self.skipped.steps)), self.loss_scale.shown)
+        if key == self._legend_key:
+            return
+        self._legend_key = key
+        self.legend.clear()
+        if key[0]:
+            self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
+        if key[1]:
+            self.legend.addItem(self.loss_scale.curve, "loss scale (right, log)")
+        self.legend.setVisible(any(key))
+
+    def show_selection(self, step: int | None) -> None:
+        self.step_line.setVisible(step is not None)
+        if step is not None:
+            self.step_line.setValue(step)
+
+    def _place_markers(self, *_: object) -> None:
+        if not len(self._nonfinite_steps):
+            self.markers.setData([])
+            return
+        (_, _), (_, top) = self.item.vb.viewRange()
+        _, pixel_height = self.item.vb.viewPixelSize()
+        self.markers.setData(
+            self._nonfinite_steps, np.full(len(self._nonfinite_steps), top - 8 * pixel_height)
+        )
+
+    def _on_scene_mouse_clicked(self, event: object) -> None:
+        if event.button() != Qt.MouseButton.LeftButton or not len(self._steps):
+            return
+        if not self.item.vb.sceneBoundingRect().contains(event.scenePos()):
+            return
+        x = self.item.vb.mapSceneToView(event.scenePos()).x()
+        row = int(np.argmin(np.abs(self._steps - x)))
+        self.selection_made.emit(Selection(None, int(self._steps[row])))

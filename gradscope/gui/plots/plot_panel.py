@@ -1,0 +1,167 @@
+"""The four plots in linked splitters."""
+
+from __future__ import annotations
+
+import math
+
+import pyqtgraph as pg
+import pyqtgraph.exporters
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+
+from gradscope.gui.plots.gradient_flow_plot import GradientFlowPlot
+from gradscope.gui.plots.gradient_norm_plot import GradientNormPlot
+from gradscope.gui.plots.heatmap_plot import HeatmapPlot
+from gradscope.gui.plots.loss_plot import LossPlot
+from gradscope.gui.plots.plot_view import PlotView
+from gradscope.gui.plots.plot_widget import LEFT_AXIS_WIDTH
+
+# The layer-name axis of the heatmap (and the gradient-norm plot's, kept as wide so that
+# their step axes line up) grows with the names, within these bounds.
+_MAX_LEFT_AXIS_WIDTH = 170
+
+
+def round_up_to_nice(value: float) -> float:
+    """The smallest of 1, 2 or 5 times a power of ten that is at least ``value`` (>= 1)."""
+    if value <= 1:
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= value)
+
+
+class PlotPanel(QWidget):
+    """The four plots in resizable splitters, with step axes and layer rows linked."""
+
+    selection_made = Signal(object)  # Selection
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gradient_norm = GradientNormPlot()
+        self.loss = LossPlot()
+        self.heatmap = HeatmapPlot(self.gradient_norm.cache)
+        self.flow = GradientFlowPlot()
+        self.loss.item.setXLink(self.gradient_norm.item)
+        self.heatmap.item.setXLink(self.gradient_norm.item)
+        self.flow.item.setYLink(self.heatmap.item)
+        top = QSplitter(Qt.Orientation.Horizontal)
+        top.addWidget(self.gradient_norm)
+        top.addWidget(self.loss)
+        bottom = QSplitter(Qt.Orientation.Horizontal)
+        bottom.addWidget(self.heatmap)
+        bottom.addWidget(self.flow)
+        for splitter in (top, bottom):
+            splitter.setStretchFactor(0, 64)
+            splitter.setStretchFactor(1, 36)
+            splitter.setChildrenCollapsible(False)
+        # The two splitters move together so that the step axes stay aligned.
+        top.splitterMoved.connect(lambda *_: bottom.setSizes(top.sizes()))
+        bottom.splitterMoved.connect(lambda *_: top.setSizes(bottom.sizes()))
+        outer = QSplitter(Qt.Orientation.Vertical)
+        outer.addWidget(top)
+        outer.addWidget(bottom)
+        outer.setStretchFactor(0, 55)
+        outer.setStretchFactor(1, 45)
+        outer.setChildrenCollapsible(False)
+        self.splitters = (top, bottom, outer)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(outer)
+        for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
+            plot.selection_made.connect(self.selection_made)
+            plot.item.vb.sigRangeChangedManually.connect(self._on_view_range_changed_manually)
+        self._last_view: PlotView | None = None
+        self._fitted: dict[tuple[int, str], tuple] = {}  # see _set_range
+        # Linked views turn each other's auto-range off, so the shared step axis and layer
+        # rows are ranged here, until the user zooms or pans (View > Reset plot zoom).
+        self.follow_range = True
+
+    def _on_view_range_changed_manually(self, *_: object) -> None:
+        self.follow_range = False
+
+    def refresh(self, view: PlotView) -> None:
+        self._last_view = view
+        if self.follow_range:
+            # First the view, then the data: the gradient-norm plot draws what is in view.
+            self.gradient_norm.hold(True)
+            try:
+                self._fit_shared_axes(view)
+            finally:
+                self.gradient_norm.hold(False)
+        self.gradient_norm.refresh(view)
+        self.loss.refresh(view)
+        self.heatmap.refresh(view)
+        self.flow.refresh(view)
+        self._fit_left_axes()
+        # Settle the auto-ranges now: done in the paint, a range change asks for a second
+        # paint of the plot (and of the plots linked to it).
+        for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
+            plot.item.vb.prepareForPaint()
+
+    def _fit_left_axes(self) -> None:
+        """The heatmap's layer names fit; the gradient-norm plot above keeps the same left
+        axis width, so that the two step axes line up."""
+        width = min(_MAX_LEFT_AXIS_WIDTH, max(LEFT_AXIS_WIDTH, self.heatmap.axis.needed_width()))
+        for axis in (self.heatmap.axis, self.gradient_norm.item.getAxis("left")):
+            if axis.width() != width:
+                axis.setWidth(width)
+
+    def _fit_shared_axes(self, view: PlotView) -> None:
+        history = view.history
+        if history.count:
+            first, last = float(history.steps[0]), float(history.steps[-1])
+            # At least ten steps wide, so that a short run has whole-step ticks.
+            last = max(last, first + 9)
+            if view.live:
+                # While steps arrive the step axis grows in jumps of about an eighth of its
+                # span, not at every redraw: each change redraws three step axes and their
+                # grids. The fit is exact again when the run stops.
+                jump = round_up_to_nice((last - first) / 8)
+                last = first + math.ceil((last - first) / jump) * jump
+            self._set_range(self.gradient_norm.item, "x", first - 0.5, last + 0.5, 0.02)
+        layers = sum(1 for name in view.order if history.has_layer(name))
+        if layers:
+            self._set_range(self.heatmap.item, "y", -0.5, layers - 0.5, 0)
+
+    def _set_range(
+        self, item: pg.PlotItem, axis: str, low: float, high: float, padding: float
+    ) -> None:
+        # Setting a range, even an unchanged one, updates the linked plots and their axes'
+        # labels (a few milliseconds a redraw): skipped while the view still shows what the
+        # same request gave last time.
+        index = 0 if axis == "x" else 1
+        key = (id(item), axis)
+        request = (low, high, padding)
+        shown = tuple(item.vb.viewRange()[index])
+        if self._fitted.get(key) == (request, shown):
+            return
+        if axis == "x":
+            item.setXRange(low, high, padding=padding)
+        else:
+            item.setYRange(low, high, padding=padding)
+        self._fitted[key] = (request, tuple(item.vb.viewRange()[index]))
+
+    def show_selection(self, layer: str | None, step: int | None) -> None:
+        self.gradient_norm.show_selection(layer, step)
+        self.loss.show_selection(step)
+        self.heatmap.show_selection(layer, step)
+        if self._last_view is not None:
+            self._last_view.selected_layer = layer
+            self._last_view.selected_step = step
+            self.flow.refresh(self._last_view)
+
+    def clear(self) -> None:
+        """Forget the last model or recording: its curves and its zoom (a new one starts
+        fitted; an old zoom can leave its steps out of view, blank plots)."""
+        self.gradient_norm.clear()
+        self._last_view = None
+        self._fitted.clear()
+        self.follow_range = True
+        for plot in (self.gradient_norm, self.loss):
+            plot.item.enableAutoRange(axis="y")
+
+    def auto_range(self) -> None:
+        self.follow_range = True
+        for plot in (self.gradient_norm, self.loss):
+            plot.item.enableAutoRange(axis="y")
+        if self._last_view is not None:
+            self.refresh(self._last_view)

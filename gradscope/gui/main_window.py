@@ -870,6 +870,8 @@ class MainWindow(QMainWindow):
                 self.selected_layer = module
                 self._select_tree_row(module)
             self.plots.show_selection(self.selected_layer, origin.step)
+            # Also when it arrived without a pause (a followed recording): Diagnosis too.
+            self.debugger.show_origin(origin)
             self._dirty = True
 
     def _select_tree_row(self, name: str) -> None:

@@ -185,13 +185,17 @@ class StepDebugger(QObject):
         window = self.window
         if payload.reason == "before_apply":
             window._set_state("before_apply")
-        origin = window.history.first_nonfinite
+        self.show_origin(window.history.first_nonfinite)
+        self.update_actions()
+
+    def show_origin(self, origin: Any) -> None:
+        """Diagnose a first NaN/Inf the window has not diagnosed yet, wherever it came from:
+        a paused run, or a recording being followed (whatever the origin's phase)."""
         if origin is not None and origin is not self._origin_shown:
             self._origin_shown = origin
             self.diagnosis.show_origin(origin)
             self.diagnosis_dock.show()
             self.diagnosis_dock.raise_()
-        self.update_actions()
 
     @Slot(object)
     def _on_worker_run_rewound(self, payload: RunRewound) -> None:

@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-import pyqtgraph.exporters
 from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QVBoxLayout, QWidget
@@ -23,6 +22,12 @@ from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.peak_cache import PeakLevels
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import DOTS_UP_TO, LEFT_AXIS_WIDTH, make_plot_widget
+from gradscope.gui.plots.statistic_choice import (
+    DETAIL_ONLY,
+    STATISTIC_LABELS,
+    STATISTIC_TITLES,
+    StatisticSelector,
+)
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     NONFINITE_MARKER_COLOR,
@@ -39,6 +44,7 @@ _EDGE_LEGEND = "\x00edge"
 
 class GradientNormPlot(QWidget):
     selection_made = Signal(object)  # Selection
+    statistic_changed = Signal(str)  # the history statistic now shown
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,6 +55,8 @@ class GradientNormPlot(QWidget):
         self.item = self.widget.getPlotItem()
         self.item.setLabel("left", "‖grad‖")
         self.item.setLabel("bottom", "step")
+        self.statistic_selector = StatisticSelector(self.widget)
+        self.statistic_selector.statistic_chosen.connect(self._on_statistic_selector_chosen)
         self.item.getAxis("left").setLogMode(True)
         self.item.getAxis("left").setWidth(LEFT_AXIS_WIDTH)
         self.item.setClipToView(True)
@@ -124,6 +132,18 @@ class GradientNormPlot(QWidget):
         scene.sigMouseMoved.connect(self._on_scene_mouse_moved)
         scene.sigMouseClicked.connect(self._on_scene_mouse_clicked)
 
+    @property
+    def statistic(self) -> str:
+        return self.cache.statistic
+
+    def _on_statistic_selector_chosen(self, statistic: str) -> None:
+        self.cache.set_statistic(statistic)
+        self._curve_state.clear()
+        self._group_key = self._edge_key = None
+        self.item.setLabel("left", STATISTIC_LABELS[statistic])
+        self.widget.setTitle(f"{STATISTIC_TITLES[statistic]} per layer", size="10pt")
+        self.statistic_changed.emit(statistic)
+
     # -- drawing -------------------------------------------------------------------------
     def refresh(self, view: PlotView) -> None:
         history = view.history
@@ -191,7 +211,11 @@ class GradientNormPlot(QWidget):
             return
         self._curve_state[name] = state
         logged = cache.values[self._history.column(name), : cache.rows]
-        few = cache.rows <= DOTS_UP_TO and bool(np.isfinite(logged).any())
+        # Dots while there are few steps (one has no line), and always for a statistic
+        # measured on detail steps only: its values are points, with nothing between.
+        few = (cache.rows <= DOTS_UP_TO or self.statistic in DETAIL_ONLY) and bool(
+            np.isfinite(logged).any()
+        )
         color = self._colors.get(name, QColor("#1f77b4"))
         curve.setData(
             self._steps,
@@ -253,7 +277,9 @@ class GradientNormPlot(QWidget):
             return
         self._group_key = key
         columns = self._columns
-        if per_block == 1:
+        points_only = self.statistic in DETAIL_ONLY
+        if points_only or per_block == 1:
+            # Points only (see DETAIL_ONLY): every measured value in view, not blocks.
             x = steps[first:last]
             low = high = cache.values[columns, first:last]
         else:
@@ -270,8 +296,13 @@ class GradientNormPlot(QWidget):
                 high = np.concatenate([high, rest.max(axis=1, keepdims=True)], axis=1)
                 x = np.append(x, steps[peaks.blocks * per_block])
         color_index, colors = self._group_colors()
-        self.group_lines.set_data(x, low, high, color_index, colors)
-        if rows <= DOTS_UP_TO:  # few steps (one has no line): a dot for each value too
+        if points_only:
+            self.group_lines.set_data(
+                np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0), []
+            )
+        else:
+            self.group_lines.set_data(x, low, high, color_index, colors)
+        if rows <= DOTS_UP_TO or points_only:  # few steps (one has no line): dots too
             finite = np.isfinite(low)
             layer, point = np.nonzero(finite)
             brushes = [pg.mkBrush(color) for color in colors]
@@ -438,7 +469,7 @@ class GradientNormPlot(QWidget):
             distance = float(distances[i])
             if distance <= _HOVER_PIXELS * 1.5 and (best is None or distance < best[0]):
                 column = int(self._columns[i])
-                value = float(self._history.matrix("grad_norm")[row, column])
+                value = float(self._history.matrix(self.statistic)[row, column])
                 best = (distance, (self._names[column], int(self._steps[row]), value))
         return best[1] if best else None
 
@@ -460,7 +491,8 @@ class GradientNormPlot(QWidget):
             self.hover_text = ""
             return
         name, step, value = found
-        self.hover_text = f"{name or '(model)'}\nstep {step}\n‖grad‖ = {format_value(value)}"
+        label = STATISTIC_LABELS[self.statistic]
+        self.hover_text = f"{name or '(model)'}\nstep {step}\n{label} = {format_value(value)}"
         self.hover.setText(self.hover_text)
         # On the side of the cursor where the label has room: below it in the upper part
         # of the plot, left of it in the right part (it was clipped at the top and right).

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-import pyqtgraph.exporters
 
 from gradscope.core.history import MISSING
 from gradscope.gui.mixed_precision import (

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-import pyqtgraph.exporters
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtWidgets import QToolTip, QVBoxLayout, QWidget
 
@@ -30,6 +29,11 @@ from gradscope.gui.plots.heatmap_colors import (
 from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import LEFT_AXIS_WIDTH, make_plot_widget
+from gradscope.gui.plots.statistic_choice import (
+    DETAIL_ONLY,
+    STATISTIC_LABELS,
+    StatisticSelector,
+)
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     format_value,
@@ -40,6 +44,7 @@ class HeatmapPlot(QWidget):
     """Layers (rows, forward order, top to bottom) by steps, coloured by log10 ‖grad‖."""
 
     selection_made = Signal(object)
+    statistic_changed = Signal(str)
 
     def __init__(self, cache: LogNormCache | None = None) -> None:
         super().__init__()
@@ -86,9 +91,25 @@ class HeatmapPlot(QWidget):
         self._steps = np.zeros(0)
         self.levels = (0.0, 1.0)
         self.rgba = np.zeros((0, 0, 4), dtype=np.uint8)
+        self.statistic = "grad_norm"
+        self.statistic_selector = StatisticSelector(self.widget)
+        self.statistic_selector.statistic_chosen.connect(self._on_statistic_selector_chosen)
         scene = self.widget.scene()
         scene.sigMouseClicked.connect(self._on_scene_mouse_clicked)
         scene.sigMouseMoved.connect(self._on_scene_mouse_moved)
+
+    def _on_statistic_selector_chosen(self, statistic: str) -> None:
+        self.statistic = statistic
+        self._key = None
+        self._show_title()
+        self.statistic_changed.emit(statistic)
+
+    def _show_title(self) -> None:
+        self.item.setTitle(
+            f"log10 {STATISTIC_LABELS[self.statistic]} (red: NaN/Inf, white: 0"
+            + (", purple: skipped by the loss scaler)" if self._skipped_title else ")"),
+            size="10pt",
+        )
 
     def refresh(self, view: PlotView) -> None:
         history = view.history
@@ -109,7 +130,7 @@ class HeatmapPlot(QWidget):
             (history.column(name) for name in order), dtype=np.intp, count=len(order)
         )
         per_row = max(1, math.ceil(count / HEATMAP_MAX_COLUMNS))
-        key = (cache.resets, columns.tobytes(), per_row)
+        key = (cache.resets, columns.tobytes(), per_row, self.statistic)
         if key != self._key:
             # Blocks of steps change with the number of steps (at most HEATMAP_MAX_COLUMNS
             # columns), or the layers changed: start over.
@@ -124,7 +145,7 @@ class HeatmapPlot(QWidget):
             self.show_selection(view.selected_layer, view.selected_step)
             return
         self._count = count
-        matrix = history.matrix("grad_norm")
+        matrix = history.matrix(self.statistic)
         identity = np.array_equal(columns, np.arange(matrix.shape[1]))
         complete = count // per_row
         if complete > self._blocks:
@@ -169,11 +190,7 @@ class HeatmapPlot(QWidget):
         skipped = bool(history.skipped[:count].any())
         if skipped != self._skipped_title:
             self._skipped_title = skipped
-            self.item.setTitle(
-                "log10 ‖grad‖ (red: NaN/Inf, white: 0"
-                + (", purple: skipped by the loss scaler)" if skipped else ")"),
-                size="10pt",
-            )
+            self._show_title()
         self.show_selection(view.selected_layer, view.selected_step)
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
@@ -209,11 +226,15 @@ class HeatmapPlot(QWidget):
             return
         name, step, value = cell
         text = (
-            "not watched"
+            (
+                "not measured (no detail on this step)"
+                if self.statistic in DETAIL_ONLY
+                else "not watched"
+            )
             if value == MISSING
             else f"overflowed: {SKIPPED_WORDS}"
             if value == SKIPPED_CELL
-            else f"‖grad‖ = {format_value(value)}"
+            else f"{STATISTIC_LABELS[self.statistic]} = {format_value(value)}"
         )
         global_pos = self.widget.mapToGlobal(self.widget.mapFromScene(scene_pos))
         QToolTip.showText(global_pos, f"{name or '(model)'}\nstep {step}\n{text}", self.widget)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pyqtgraph as pg
-import pyqtgraph.exporters
 from PySide6.QtGui import QColor
 
 # Distinct colours for the first layers, without the status red and orange (those mean

@@ -1,4 +1,5 @@
-"""The gradient-norm plot's log10 copy of the history, extended step by step."""
+"""The gradient-norm plot's log10 copy of one statistic of the history, extended step by
+step."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class LogNormCache:
     only; with the edge points (non-finite or zero) found so far. A history that went back
     (rewound, replaced) is read afresh."""
 
-    def __init__(self) -> None:
+    def __init__(self, statistic: str = "grad_norm") -> None:
+        self.statistic = statistic  # which of the history's per-layer statistics
         self.history: RunHistory | None = None
         self.rows = 0
         self.columns = 0
@@ -40,9 +42,15 @@ class LogNormCache:
             matrix[self.rows - 1, : len(row)], row, equal_nan=True
         )
 
+    def set_statistic(self, statistic: str) -> None:
+        """Hold another statistic from the next update on (read afresh)."""
+        if statistic != self.statistic:
+            self.statistic = statistic
+            self.history = None
+
     def update(self, history: RunHistory) -> bool:
         """Take the steps added since the last call; True when anything changed."""
-        matrix = history.matrix("grad_norm")
+        matrix = history.matrix(self.statistic)
         count, columns = matrix.shape
         if not self._still_valid(history, matrix):
             self.history = history

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-import pyqtgraph.exporters
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 

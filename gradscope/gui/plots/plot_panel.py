@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
-import pyqtgraph.exporters
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
@@ -69,6 +68,8 @@ class PlotPanel(QWidget):
         for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
             plot.selection_made.connect(self.selection_made)
             plot.item.vb.sigRangeChangedManually.connect(self._on_view_range_changed_manually)
+        for plot in (self.gradient_norm, self.heatmap, self.flow):
+            plot.statistic_changed.connect(self._on_plot_statistic_changed)
         self._last_view: PlotView | None = None
         self._fitted: dict[tuple[int, str], tuple] = {}  # see _set_range
         # Linked views turn each other's auto-range off, so the shared step axis and layer
@@ -77,6 +78,12 @@ class PlotPanel(QWidget):
 
     def _on_view_range_changed_manually(self, *_: object) -> None:
         self.follow_range = False
+
+    def _on_plot_statistic_changed(self, _statistic: str) -> None:
+        # Another statistic has other magnitudes: the value axis fits it afresh.
+        self.gradient_norm.item.enableAutoRange(axis="y")
+        if self._last_view is not None:
+            self.refresh(self._last_view)
 
     def refresh(self, view: PlotView) -> None:
         self._last_view = view

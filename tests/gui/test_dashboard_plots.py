@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -90,3 +91,88 @@ def test_each_plot_shows_the_statistic_its_selector_names(qtbot, window, tmp_pat
         assert np.allclose(plots.flow._values, values)
     # The statistics differ from each other: the selector is not showing one of them.
     assert not np.allclose(history.matrix("max_abs")[0], history.matrix("grad_norm")[0])
+
+
+def _wheel(widget, notches: int) -> None:
+    from PySide6.QtCore import QPoint, QPointF, Qt
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication
+
+    viewport = widget.viewport()
+    center = QPointF(viewport.width() / 2, viewport.height() / 2)
+    event = QWheelEvent(
+        center,
+        QPointF(viewport.mapToGlobal(center.toPoint())),
+        QPoint(0, 0),
+        QPoint(0, 120 * notches),
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+        Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
+    QApplication.sendEvent(viewport, event)
+
+
+def _visible_values(plot, x0: float, x1: float) -> np.ndarray:
+    values = []
+    for curve in plot.curves.values():
+        if curve.isVisible():
+            x, y = curve.getData()
+            inside = (x >= x0) & (x <= x1) & np.isfinite(y)
+            values += y[inside].tolist()
+    return np.array(values)
+
+
+def test_a_zoom_on_the_step_axis_keeps_the_data_in_view(qtbot, window, tmp_path) -> None:
+    from PySide6.QtCore import QRectF
+
+    _open(qtbot, window, record_run(tmp_path / "run.gsrec", steps=60))
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    window._refresh()
+    plot = window.plots.gradient_norm
+    vb = plot.item.vb
+    (x0, x1), _ = vb.viewRange()
+    for zoom in ("wheel", "band"):
+        if zoom == "wheel":
+            _wheel(plot.widget, 6)
+        else:  # the rectangle a left-drag ends with, over a sliver of the values
+            (a, b), (low, high) = vb.viewRange()
+            vb.showAxRect(QRectF(a + (b - a) * 0.2, low, (b - a) * 0.4, (high - low) * 0.01))
+        vb.prepareForPaint()
+        (z0, z1), (y0, y1) = vb.viewRange()
+        assert z1 - z0 < (x1 - x0) * 0.9, zoom  # the steps zoomed in
+        x0, x1 = z0, z1
+        shown = _visible_values(plot, z0, z1)
+        assert shown.size
+        # Every value in the step range is in view, and the view is fitted to them (not
+        # to the whole run, nor to a wheel's guess).
+        assert y0 <= shown.min() and shown.max() <= y1, zoom
+        assert (y1 - y0) <= (shown.max() - shown.min()) * 1.5 + 0.2, zoom
+    # The loss plot shares the step range and fits its own values too.
+    loss_vb = window.plots.loss.item.vb
+    loss_vb.prepareForPaint()
+    (l0, l1), (ly0, ly1) = loss_vb.viewRange()
+    assert (l0, l1) == pytest.approx((x0, x1))
+    x, y = window.plots.loss.curve.getData()
+    inside = y[(x >= l0) & (x <= l1) & np.isfinite(y)]
+    assert ly0 <= inside.min() and inside.max() <= ly1
+
+
+def test_the_flow_chart_names_each_bar(qtbot, window, tmp_path) -> None:
+    _open(qtbot, window, record_run(tmp_path / "run.gsrec", third_layer=True))
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    window._refresh()
+    flow = window.plots.flow
+    bars = flow.bars.opts["y"]
+    assert len(bars) == len(flow._order) == 3
+    labels = {round(label.pos().y()): label for label in flow.name_labels if label.isVisible()}
+    assert sorted(labels) == sorted(int(y) for y in bars)
+    for row, label in labels.items():
+        assert label.toPlainText() == flow._order[row]
+        # At the bars' left end, inside the chart's view.
+        (x0, x1), _ = flow.item.vb.viewRange()
+        assert x0 <= label.pos().x() <= x1

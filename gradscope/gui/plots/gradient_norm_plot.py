@@ -28,6 +28,7 @@ from gradscope.gui.plots.statistic_choice import (
     STATISTIC_TITLES,
     StatisticSelector,
 )
+from gradscope.gui.plots.step_zoom import StepZoomViewBox
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     NONFINITE_MARKER_COLOR,
@@ -48,7 +49,7 @@ class GradientNormPlot(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
-        self.widget = make_plot_widget("Gradient norm per layer")
+        self.widget = make_plot_widget("Gradient norm per layer", view_box=StepZoomViewBox())
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.widget)

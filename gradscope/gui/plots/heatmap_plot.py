@@ -34,6 +34,7 @@ from gradscope.gui.plots.statistic_choice import (
     STATISTIC_LABELS,
     StatisticSelector,
 )
+from gradscope.gui.plots.step_zoom import StepZoomViewBox
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     format_value,
@@ -61,7 +62,11 @@ class HeatmapPlot(QWidget):
         self._skipped_title = False
         self.axis = LayerAxis("left")
         self.widget = make_plot_widget(
-            "log10 ‖grad‖ (red: NaN/Inf, white: 0)", grid_x=False, grid_y=False, left=self.axis
+            "log10 ‖grad‖ (red: NaN/Inf, white: 0)",
+            grid_x=False,
+            grid_y=False,
+            left=self.axis,
+            view_box=StepZoomViewBox(fit_values=False),  # its rows are the layers
         )
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)

@@ -15,6 +15,7 @@ from gradscope.gui.mixed_precision import (
 from gradscope.gui.plots.display_values import log10_display
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import DOTS_UP_TO, make_plot_widget
+from gradscope.gui.plots.step_zoom import StepZoomViewBox
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     NONFINITE_MARKER_COLOR,
@@ -26,7 +27,7 @@ class LossPlot(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
-        self.widget = make_plot_widget("Loss")
+        self.widget = make_plot_widget("Loss", view_box=StepZoomViewBox())
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.widget)

@@ -26,10 +26,14 @@ _without_broken_svg_export()
 
 
 def make_plot_widget(
-    title: str, grid_x: bool = True, grid_y: bool = True, left: GridAxis | None = None
+    title: str,
+    grid_x: bool = True,
+    grid_y: bool = True,
+    left: GridAxis | None = None,
+    view_box: pg.ViewBox | None = None,
 ) -> pg.PlotWidget:
     axes = {"left": left or GridAxis("left"), "bottom": GridAxis("bottom")}
-    widget = pg.PlotWidget(axisItems=axes)
+    widget = pg.PlotWidget(axisItems=axes, viewBox=view_box)
     widget.setTitle(title, size="10pt")
     item = widget.getPlotItem()
     item.showGrid(x=grid_x, y=grid_y, alpha=0.15)

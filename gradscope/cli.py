@@ -724,12 +724,16 @@ def app_command(argv: Sequence[str]) -> int:
 
 
 def open_command(argv: Sequence[str]) -> int:
-    """``gradscope open RECORDING``: the app on a recording (following it while it is being
-    written). A file that is no readable recording is reported here, before any window."""
+    """``gradscope open RECORDING [MORE...]``: the app on a recording (following it while it
+    is being written), with any further recordings compared on the same axes. A file that
+    is no readable recording is reported here, before any window."""
     parser = argparse.ArgumentParser(
         prog="gradscope open", description="Show a GradScope recording in the app."
     )
     parser.add_argument("recording", help="a .gsrec file written by gradscope.watch(record=...)")
+    parser.add_argument(
+        "compare", nargs="*", help="more recordings, drawn on the same axes to compare runs"
+    )
     parser.add_argument("--screenshot", metavar="PNG", help="save a screenshot and exit")
     args = parser.parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
@@ -751,13 +755,21 @@ def open_command(argv: Sequence[str]) -> int:
             for note in recordings.notes:
                 print(f"note: {note}", file=sys.stderr)
         RecordingReader(path).close()
+        for other in args.compare:
+            RecordingReader(other).close()
     except GradScopeError as error:
         _print_error(error)
         return EXIT_BAD_INPUT
     launch = _app_launcher()
     if launch is None:
         return EXIT_BAD_INPUT
-    return launch(model=None, overrides={}, screenshot=args.screenshot, recording=path)
+    return launch(
+        model=None,
+        overrides={},
+        screenshot=args.screenshot,
+        recording=path,
+        compare=list(args.compare),
+    )
 
 
 def _dispatch(argv: list[str]) -> int:

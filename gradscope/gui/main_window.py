@@ -60,7 +60,8 @@ from gradscope.gui.module_tree_model import (
     ModuleTreeModel,
 )
 from gradscope.gui.plots import PlotPanel, PlotView, layer_color
-from gradscope.gui.recordings import RecordingController
+from gradscope.gui.recordings import RecordingController, runs_folder
+from gradscope.gui.run_comparison import RunComparison
 from gradscope.gui.selection import Selection
 from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
 from gradscope.gui.settings_trail import SettingsTrail
@@ -173,6 +174,13 @@ class MainWindow(QMainWindow):
         self.debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
         self.recordings = RecordingController(self)
         self.recordings.install_menus(self.file_menu, self.view_menu)
+        self.comparison = RunComparison(
+            self, runs_folder, lambda text: self.statusBar().showMessage(text, 8000)
+        )
+        self.comparison.runs_changed.connect(self._on_comparison_runs_changed)
+        recent = self.recent_menu.menuAction()
+        self.file_menu.insertAction(recent, self.comparison.add_action)
+        self.file_menu.insertAction(recent, self.comparison.clear_action)
         # Application shortcuts work wherever the focus is (a text field's Ctrl+Z included).
         self.shortcut_router = shortcuts.install(self)
         self._update_actions()
@@ -834,12 +842,18 @@ class MainWindow(QMainWindow):
             flow=self.debugger.flow_override,
             flow_title=self.debugger.flow_title,
             live=self.state == "running",
+            run_name=self.model_label.text(),
+            compared=self.comparison.runs,
         )
         self.plots.refresh(view)
         self._refresh_tree_values(step)
         self.events_panel.update_events(history.events, history.first_nonfinite)
         self._show_origin()
         self._refresh_status_bar()
+
+    def _on_comparison_runs_changed(self) -> None:
+        self.plots.follow_range = True  # the step axis takes in every run compared
+        self._refresh()
 
     def _refresh_tree_values(self, step: int | None) -> None:
         history = self.history

@@ -14,6 +14,7 @@ from torch import nn
 
 import gradscope
 from gradscope.core.history import MISSING
+from gradscope.core.recording import RecordingReader
 
 DETAIL_EVERY = 3
 
@@ -176,3 +177,94 @@ def test_the_flow_chart_names_each_bar(qtbot, window, tmp_path) -> None:
         # At the bars' left end, inside the chart's view.
         (x0, x1), _ = flow.item.vb.viewRange()
         assert x0 <= label.pos().x() <= x1
+
+
+def test_two_recordings_draw_both_runs_for_a_shared_layer(qtbot, window, tmp_path) -> None:
+    first = record_run(tmp_path / "A.gsrec", steps=13, seed=0)
+    second = record_run(tmp_path / "B.gsrec", steps=20, seed=1, third_layer=True)
+    _open(qtbot, window, second)
+    assert window.comparison.add_recording(first)
+    plot = window.plots.gradient_norm
+    shown = window.history
+    with RecordingReader(first) as reader:
+        _, other = reader.load()
+    for layer in ("0", "2"):  # in both runs
+        steps, values = plot.curves[layer].getData()
+        assert np.allclose(values, _logged(shown.series("grad_norm", layer)), equal_nan=True)
+        compared = plot.compared_curves[("A.gsrec", layer)]
+        assert compared.isVisible()
+        steps, values = compared.getData()
+        assert np.array_equal(steps, other.steps)
+        assert np.allclose(values, _logged(other.series("grad_norm", layer)), equal_nan=True)
+        # Same layer colour, another line style.
+        own_pen, other_pen = plot.curves[layer].opts["pen"], compared.opts["pen"]
+        assert other_pen.color() == own_pen.color()
+        assert other_pen.style() != own_pen.style()
+    # The layer only B has is missing from A: no curve for it, and the run legend says so.
+    assert ("A.gsrec", "3") not in plot.compared_curves
+    assert plot.missing_in_compared["A.gsrec"] == ["3"]
+    legend = [label.text for _, label in plot.legend.items]
+    assert any("B.gsrec" in text and "solid" in text for text in legend)
+    assert any("A.gsrec" in text and "dashed" in text and "missing: 3" in text for text in legend)
+    # Both runs' losses, and the step axis covers both.
+    assert "A.gsrec" in window.plots.loss.compared_curves
+    # Another statistic: the compared curves follow the selector.
+    plot.statistic_selector.choose("weight_norm")
+    _, values = plot.compared_curves[("A.gsrec", "2")].getData()
+    assert np.allclose(values, _logged(other.series("weight_norm", "2")), equal_nan=True)
+    window.comparison.clear()
+    assert not plot.compared_curves
+
+
+def test_a_file_that_is_no_recording_is_refused_for_comparison(qtbot, window, tmp_path) -> None:
+    _open(qtbot, window, record_run(tmp_path / "A.gsrec"))
+    bad = tmp_path / "notes.gsrec"
+    bad.write_text("not a recording")
+    assert not window.comparison.add_recording(bad)
+    assert window.comparison.runs == ()
+    assert window.comparison.error_dialog is not None
+    window.comparison.error_dialog.close()
+
+
+def test_open_with_several_recordings_screenshots_them_together(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from PySide6.QtGui import QImage
+
+    first = record_run(tmp_path / "A.gsrec", steps=13, seed=0)
+    second = record_run(tmp_path / "B.gsrec", steps=20, seed=1)
+    env = dict(
+        os.environ,
+        QT_QPA_PLATFORM="offscreen",
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+        GRADSCOPE_WINDOW_SIZE="1280x800",
+    )
+    images = []
+    for name, paths in (("alone", [first]), ("both", [first, second])):
+        shot = tmp_path / f"{name}.png"
+        command = [sys.executable, "-m", "gradscope", "open", *map(str, paths)]
+        result = subprocess.run(
+            [*command, "--screenshot", str(shot)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert result.returncode == 0, result.stderr
+        images.append(QImage(str(shot)))
+    alone, both = images
+    assert (both.width(), both.height()) == (alone.width(), alone.height()) == (1280, 800)
+    assert both != alone
+    # A recording that is not one: refused before any window, with the usual exit code.
+    bad = tmp_path / "bad.gsrec"
+    bad.write_text("no")
+    result = subprocess.run(
+        [sys.executable, "-m", "gradscope", "open", str(first), str(bad)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 2 and "bad.gsrec" in result.stderr

@@ -86,7 +86,7 @@ class GradientFlowPlot(QWidget):
         self.name_labels: list[pg.TextItem] = []
         self._named_order: list[str] = []
         self.statistic = "grad_norm"
-        self.statistic_selector = StatisticSelector(self.widget)
+        self.statistic_selector = StatisticSelector(self.widget, bottom_right=True)
         self.statistic_selector.statistic_chosen.connect(self._on_statistic_selector_chosen)
         self.item.vb.sigResized.connect(self._thin_name_labels)
         self._order: list[str] = []

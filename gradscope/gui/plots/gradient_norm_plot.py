@@ -18,6 +18,8 @@ from gradscope.gui.mixed_precision import (
 )
 from gradscope.gui.peak_raster import PeakRasterItem
 from gradscope.gui.plot_axes import elide
+from gradscope.gui.plots.compared_runs import LINE_STYLE_WORDS, ComparedRun
+from gradscope.gui.plots.display_values import log10_display
 from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.peak_cache import PeakLevels
 from gradscope.gui.plots.plot_view import PlotView
@@ -78,6 +80,13 @@ class GradientNormPlot(QWidget):
         self.group_dots = pg.ScatterPlotItem(size=4, pen=None)
         self.group_dots.setVisible(False)
         self.grouped = False
+        # Other runs' curves of the ticked layers (run name, layer) -> curve, and what each
+        # was last fed with.
+        self.compared_curves: dict[tuple[str, str], pg.PlotDataItem] = {}
+        self._compared_state: dict[tuple[str, str], tuple] = {}
+        self._compared: tuple[ComparedRun, ...] = ()
+        self._run_name = ""
+        self.missing_in_compared: dict[str, list[str]] = {}  # run name -> ticked layers
         self.cache = LogNormCache()
         self._peaks = PeakLevels()
         self._history: RunHistory | None = None
@@ -183,6 +192,7 @@ class GradientNormPlot(QWidget):
                 self._curve_state.pop(name, None)
         self._update_edges()
         self.skipped.refresh(history)
+        self._update_compared(view, visible)
         self._update_legend(visible)
         self.show_selection(view.selected_layer, view.selected_step)
         self._redraw_view_dependent()
@@ -373,6 +383,68 @@ class GradientNormPlot(QWidget):
         self._edges = (steps, top, symbols, brushes, pens, data)
         self._edge_points = data
 
+    def _update_compared(self, view: PlotView, visible: list[str]) -> None:
+        """The compared runs' curves of the ticked layers, matched by name, in the layer's
+        colour and the run's line style; a layer a run lacks is listed as missing."""
+        self._compared = view.compared
+        self._run_name = view.run_name
+        wanted: set[tuple[str, str]] = set()
+        self.missing_in_compared = {}
+        for run in view.compared:
+            self.missing_in_compared[run.name] = run.missing_layers(visible)
+            for name in visible:
+                if not run.history.has_layer(name):
+                    continue
+                key = (run.name, name)
+                wanted.add(key)
+                curve = self.compared_curves.get(key)
+                if curve is None:
+                    curve = pg.PlotDataItem(connect="finite", autoDownsampleFactor=1.0)
+                    self.item.addItem(curve)
+                    self.compared_curves[key] = curve
+                state = (id(run.history), run.history.count, self.statistic, run.line_style)
+                if self._compared_state.get(key) != state:
+                    self._compared_state[key] = state
+                    color = self._colors.get(name, QColor("#1f77b4"))
+                    values = log10_display(run.history.series(self.statistic, name))
+                    points = self.statistic in DETAIL_ONLY or run.history.count <= DOTS_UP_TO
+                    curve.setData(
+                        run.history.steps.astype(np.float64),
+                        values,
+                        connect="finite",
+                        pen=pg.mkPen(color, width=1.4, style=run.line_style),
+                        symbol="o" if points else None,
+                        symbolSize=4,
+                        symbolBrush=None,
+                        symbolPen=pg.mkPen(color, width=1),
+                    )
+                curve.setVisible(True)
+        for key, curve in list(self.compared_curves.items()):
+            if key not in wanted:
+                self.item.removeItem(curve)
+                del self.compared_curves[key]
+                self._compared_state.pop(key, None)
+
+    def _add_run_legend(self) -> None:
+        """One entry per run when runs are compared: its line style, and the ticked layers
+        it does not have."""
+        if not self._compared:
+            return
+        grey = "#444"
+        self.legend.addItem(
+            pg.PlotDataItem(pen=pg.mkPen(grey, width=1.5)),
+            elide(self._run_name or "shown run", 28) + " (solid)",
+        )
+        for run in self._compared:
+            missing = self.missing_in_compared.get(run.name, [])
+            text = f"{elide(run.name, 28)} ({LINE_STYLE_WORDS[run.line_style]})"
+            if missing:
+                names = ", ".join(name or "(model)" for name in missing)
+                text += f", missing: {elide(names, 30)}"
+            self.legend.addItem(
+                pg.PlotDataItem(pen=pg.mkPen(grey, width=1.5, style=run.line_style)), text
+            )
+
     def _update_legend(self, visible: list[str]) -> None:
         # Many layers: the selected one and the first others, then how many more (hovering
         # a curve names it); the legend no longer disappears.
@@ -385,7 +457,11 @@ class GradientNormPlot(QWidget):
         if self._edge_points:
             shown = [*shown, _EDGE_LEGEND]
         skipped = bool(len(self.skipped.steps))
-        key = [*shown, more, skipped]
+        runs = [
+            (run.name, run.line_style, tuple(self.missing_in_compared.get(run.name, ())))
+            for run in self._compared
+        ]
+        key = [*shown, more, skipped, self._run_name, runs]
         if key == self._legend_names:
             return
         self.legend.clear()
@@ -403,8 +479,9 @@ class GradientNormPlot(QWidget):
             self.legend.addItem(self.markers, "NaN/Inf top, 0 bottom")
         if skipped:
             self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
+        self._add_run_legend()
         self._legend_names = key
-        self.legend.setVisible(bool(shown) or skipped)
+        self.legend.setVisible(bool(shown) or skipped or bool(runs))
         self._fit_legend_columns()
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
@@ -481,9 +558,24 @@ class GradientNormPlot(QWidget):
         self.group_lines.set_data(np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0), [])
         self.group_dots.setData([])
         self._curve_state.clear()
+        for curve in self.compared_curves.values():
+            self.item.removeItem(curve)
+        self.compared_curves.clear()
+        self._compared_state.clear()
         self._group_key = self._edge_key = None
         self._selected = None
         self._legend_names = ["-"]
+        self.hide_hover()
+
+    def hide_hover(self) -> None:
+        """No hover label left pointing at data that is gone (a load, a rewind) or at a
+        spot the mouse has left."""
+        self.hover.setVisible(False)
+        self.hover_text = ""
+
+    def leaveEvent(self, event: object) -> None:
+        super().leaveEvent(event)
+        self.hide_hover()
 
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
         found = self.nearest(scene_pos)

@@ -12,6 +12,7 @@ from gradscope.gui.mixed_precision import (
     LossScaleAxis,
     SkippedMarkers,
 )
+from gradscope.gui.plots.compared_runs import ComparedRun
 from gradscope.gui.plots.display_values import log10_display
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import DOTS_UP_TO, make_plot_widget
@@ -57,6 +58,7 @@ class LossPlot(QWidget):
         self.item.vb.sigRangeChanged.connect(self._place_markers)
         self.widget.scene().sigMouseClicked.connect(self._on_scene_mouse_clicked)
         self._steps = np.zeros(0)
+        self.compared_curves: dict[str, pg.PlotDataItem] = {}  # run name -> its loss
 
     def refresh(self, view: PlotView) -> None:
         steps = view.history.steps.astype(np.float64)
@@ -86,11 +88,31 @@ class LossPlot(QWidget):
         )
         self._steps = steps
         self._nonfinite_steps = steps[~finite]
+        self._update_compared(view.compared)
         self.skipped.refresh(view.history, y)
         self.loss_scale.refresh(view.history)
         self._update_legend()
         self.show_selection(view.selected_step)
         self._place_markers()
+
+    def _update_compared(self, compared: tuple[ComparedRun, ...]) -> None:
+        """Each compared run's loss in its line style, on this plot's scale."""
+        names = {run.name for run in compared}
+        for name in [n for n in self.compared_curves if n not in names]:
+            self.item.removeItem(self.compared_curves.pop(name))
+        for run in compared:
+            curve = self.compared_curves.get(run.name)
+            if curve is None:
+                curve = self.compared_curves[run.name] = pg.PlotDataItem(connect="finite")
+                self.item.addItem(curve)
+            loss = run.history.losses
+            y = log10_display(loss) if self._log else np.where(np.isfinite(loss), loss, np.nan)
+            curve.setData(
+                run.history.steps.astype(np.float64),
+                y,
+                connect="finite",
+                pen=pg.mkPen("#333", width=1.2, style=run.line_style),
+            )
 
     def _update_legend(self) -> None:
         key = (bool(len(self.skipped.steps)), self.loss_scale.shown)

@@ -114,8 +114,11 @@ class PlotPanel(QWidget):
 
     def _fit_shared_axes(self, view: PlotView) -> None:
         history = view.history
-        if history.count:
-            first, last = float(history.steps[0]), float(history.steps[-1])
+        runs = [history, *(run.history for run in view.compared)]
+        if any(run.count for run in runs):
+            # Every run compared is in view, the shown one and the others.
+            first = min(float(run.steps[0]) for run in runs if run.count)
+            last = max(float(run.steps[-1]) for run in runs if run.count)
             # At least ten steps wide, so that a short run has whole-step ticks.
             last = max(last, first + 9)
             if view.live:

@@ -9,6 +9,7 @@ from PySide6.QtGui import QColor
 
 from gradscope.core.history import MISSING, STATUS_MISSING, RunHistory
 from gradscope.core.watch import classify
+from gradscope.gui.plots.compared_runs import ComparedRun
 
 
 @dataclass
@@ -30,6 +31,9 @@ class PlotView:
     flow_title: str | None = None
     # Steps are arriving (a run is going on).
     live: bool = False
+    # The shown run's name (the run legend's first entry) and other runs on the same axes.
+    run_name: str = ""
+    compared: tuple[ComparedRun, ...] = ()
 
 
 def classify_for_display(value: float, view: PlotView) -> int:

@@ -7,7 +7,7 @@ MISSING, and nothing is drawn in its place."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QEvent, QObject, Signal
 from PySide6.QtWidgets import QComboBox, QWidget
 
 # history statistic -> how a plot names it
@@ -29,13 +29,16 @@ DETAIL_ONLY = frozenset({"max_abs", "weight_norm", "update_ratio"})
 
 
 class StatisticSelector(QComboBox):
-    """A small combo box laid over a plot's top-left corner (it takes no height from the
-    plot); ``statistic_chosen`` carries the history's statistic name."""
+    """A small combo box laid over a corner of a plot (it takes no height from the plot):
+    the top-left one, or with ``bottom_right`` the corner of the value axis's label (a
+    narrow chart's title has no room beside it); ``statistic_chosen`` carries the
+    history's statistic name."""
 
     statistic_chosen = Signal(str)
 
-    def __init__(self, plot_widget: QWidget) -> None:
+    def __init__(self, plot_widget: QWidget, bottom_right: bool = False) -> None:
         super().__init__(plot_widget)
+        self._bottom_right = bottom_right
         for name, label in STATISTIC_LABELS.items():
             self.addItem(label, name)
         self.setToolTip(
@@ -46,8 +49,22 @@ class StatisticSelector(QComboBox):
         font = self.font()
         font.setPointSizeF(max(7.0, font.pointSizeF() - 1))
         self.setFont(font)
-        self.move(2, 2)
+        self.adjustSize()
+        self._place()
+        plot_widget.installEventFilter(self)
         self.currentIndexChanged.connect(self._on_current_index_changed)
+
+    def _place(self) -> None:
+        parent = self.parentWidget()
+        if self._bottom_right and parent is not None:
+            self.move(parent.width() - self.width() - 2, parent.height() - self.height() - 2)
+        else:
+            self.move(2, 2)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Resize:
+            self._place()
+        return False
 
     @property
     def statistic(self) -> str:

@@ -67,6 +67,7 @@ from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
 from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.status_style import STATUS_COLORS, format_value
 from gradscope.gui.step_debugger import StepDebugger
+from gradscope.gui.window_geometry import fit_to_screen
 from gradscope.gui.worker import (
     LoadRequest,
     ModelLoaded,
@@ -143,6 +144,7 @@ class MainWindow(QMainWindow):
         self._colors: dict[str, Any] = {}
         self._layer_order: list[str] = []
         self._layout_done = False
+        self._fit_after_show = False  # see restore_geometry
         self._next_refresh = 0.0
         self._last_refresh = 0.0
         self._redraw_cost = 0.0
@@ -542,6 +544,10 @@ class MainWindow(QMainWindow):
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
+        if self._fit_after_show:
+            self._fit_after_show = False
+            fit_to_screen(self)
+            QTimer.singleShot(300, lambda: fit_to_screen(self))
         if not self._layout_done:
             self._layout_done = True
             if not self._state_restored:
@@ -1064,6 +1070,11 @@ class MainWindow(QMainWindow):
         restored = isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)
         if isinstance(state, QByteArray):
             self._state_restored = self.restoreState(state)
+        if restored:
+            fit_to_screen(self)
+            # The window frame's size is known only once the window is shown (on X11 a
+            # little later still): fitted again then.
+            self._fit_after_show = True
         return bool(restored)
 
     # -- Qt events -----------------------------------------------------------------------

@@ -468,18 +468,24 @@ class SettingsPanel(QScrollArea):
         self.model_notes.setVisible(bool(notes))
 
     def set_read_only(self, read_only: bool) -> None:
-        """Show a recorded run's settings: visible, selectable, not editable."""
+        """Show a recorded run's settings: visible, greyed, nothing to edit or apply (the
+        model loaded before offered its last changes)."""
         self.read_only = read_only
         for edit in (self.lr, self.momentum, self.weight_decay, self.loss_scale, self.clip,
                      self.explode_threshold, self.vanish_threshold, self.amp_init_scale,
                      *self._spins()):
             edit.setReadOnly(read_only)
+            edit.setEnabled(not read_only)
+        if read_only:
+            self.set_script_defaults(None)
+            self.reset_button.setEnabled(False)
         for widget in (self.device, self.optimizer, self.amp, self.clip_enabled,
                        self.pause_at_nonfinite, self.update_ratio, self.trace):
             if widget is not None:
                 widget.setEnabled(not read_only)
         if not read_only:
             self.clip.setEnabled(self.clip_enabled.isChecked())
+            self._on_amp_changed()
         self.read_only_note.setVisible(read_only)
         self.edit_note.setVisible(not read_only)
         if read_only:

@@ -268,3 +268,28 @@ def test_open_with_several_recordings_screenshots_them_together(tmp_path) -> Non
         timeout=180,
     )
     assert result.returncode == 2 and "bad.gsrec" in result.stderr
+
+
+def test_a_recording_shows_its_own_settings_greyed_with_nothing_to_apply(
+    qtbot, window, tmp_path
+) -> None:
+    from gradscope.core.settings import RunSettings
+
+    panel = window.settings_panel
+    # The model shown before offered the user's last changes.
+    panel.set_script_defaults(RunSettings(), {"lr": 0.5})
+    assert not panel.last_overrides_button.isHidden()
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    path = tmp_path / "configured.gsrec"
+    with gradscope.watch(model, record=path, settings={"lr": 0.0123, "steps": 7}) as watch:
+        loss = model(torch.randn(2, 3)).square().mean()
+        loss.backward()
+        watch.collect(loss)
+    _open(qtbot, window, path)
+    shown = panel.settings()
+    assert shown.lr == pytest.approx(0.0123) and shown.steps == 7
+    assert panel.last_overrides_button.isHidden()
+    assert not panel.reset_button.isEnabled()
+    for field in (panel.lr, panel.steps, panel.batch_size, panel.explode_threshold):
+        assert not field.isEnabled()  # greyed, not only read-only

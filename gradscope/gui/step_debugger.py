@@ -213,6 +213,7 @@ class StepDebugger(QObject):
             message += "; it had no NaN/Inf"
         window.history.events.append(Event(payload.step, "rewind", None, message))
         window.events_panel.clear()
+        window.plots.hide_hover()
         # The traced step and the diagnosis of the abandoned branch are gone with it.
         if self.trace_events and self.trace_events[0].step >= payload.step:
             self.trace_events = []

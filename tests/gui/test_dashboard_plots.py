@@ -293,3 +293,31 @@ def test_a_recording_shows_its_own_settings_greyed_with_nothing_to_apply(
     assert not panel.reset_button.isEnabled()
     for field in (panel.lr, panel.steps, panel.batch_size, panel.explode_threshold):
         assert not field.isEnabled()  # greyed, not only read-only
+
+
+def test_the_hover_label_goes_with_the_data_it_points_at(qtbot, window, tmp_path) -> None:
+    from PySide6.QtCore import QPointF
+
+    _open(qtbot, window, record_run(tmp_path / "A.gsrec"))
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    window._refresh()
+    plot = window.plots.gradient_norm
+
+    def hover_a_point() -> None:
+        steps, values = plot.curves["2"].getData()
+        plot.item.vb.prepareForPaint()
+        scene = plot.item.vb.mapViewToScene(QPointF(float(steps[5]), float(values[5])))
+        plot._on_scene_mouse_moved(scene)
+        assert plot.hover.isVisible() and "step 5" in plot.hover_text
+
+    hover_a_point()
+    _open(qtbot, window, record_run(tmp_path / "B.gsrec", seed=1))  # another run shown
+    assert not plot.hover.isVisible() and plot.hover_text == ""
+    hover_a_point()
+    from PySide6.QtCore import QEvent
+    from PySide6.QtWidgets import QApplication
+
+    QApplication.sendEvent(plot, QEvent(QEvent.Type.Leave))  # the mouse left the plot
+    assert not plot.hover.isVisible()

@@ -6,7 +6,7 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.gui.plots.gradient_flow_plot import GradientFlowPlot
 from gradscope.gui.plots.gradient_norm_plot import GradientNormPlot
@@ -163,11 +163,17 @@ class PlotPanel(QWidget):
         """Forget the last model or recording: its curves and its zoom (a new one starts
         fitted; an old zoom can leave its steps out of view, blank plots)."""
         self.gradient_norm.clear()
+        self.hide_hover()
         self._last_view = None
         self._fitted.clear()
         self.follow_range = True
         for plot in (self.gradient_norm, self.loss):
             plot.item.enableAutoRange(axis="y")
+
+    def hide_hover(self) -> None:
+        """No hover text left over data that changed (a load, a rewind)."""
+        self.gradient_norm.hide_hover()
+        QToolTip.hideText()
 
     def auto_range(self) -> None:
         self.follow_range = True

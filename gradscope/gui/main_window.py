@@ -850,12 +850,23 @@ class MainWindow(QMainWindow):
             live=self.state == "running",
             run_name=self.model_label.text(),
             compared=self.comparison.runs,
+            empty_hint=self._empty_hint(),
         )
         self.plots.refresh(view)
         self._refresh_tree_values(step)
         self.events_panel.update_events(history.events, history.first_nonfinite)
         self._show_origin()
         self._refresh_status_bar()
+
+    def _empty_hint(self) -> str:
+        """What the empty plots tell the user to do."""
+        if self.state == "recording":
+            return "No steps recorded yet: following the recording as its writer adds them."
+        if self.loaded is not None and self.state not in ("loading", "failed"):
+            return "No steps yet: press Run (F5) to train, or Step (F10) for one step."
+        if self.state == "loading":
+            return "Loading the model…"
+        return "Open a model script (Ctrl+O), a model by name or a recording (File menu)."
 
     def _on_comparison_runs_changed(self) -> None:
         self.plots.follow_range = True  # the step axis takes in every run compared

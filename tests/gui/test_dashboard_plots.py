@@ -203,9 +203,10 @@ def test_two_recordings_draw_both_runs_for_a_shared_layer(qtbot, window, tmp_pat
     # The layer only B has is missing from A: no curve for it, and the run legend says so.
     assert ("A.gsrec", "3") not in plot.compared_curves
     assert plot.missing_in_compared["A.gsrec"] == ["3"]
-    legend = [label.text for _, label in plot.legend.items]
+    legend = [label.text for _, label in window.plots.loss.legend.items]
     assert any("B.gsrec" in text and "solid" in text for text in legend)
-    assert any("A.gsrec" in text and "dashed" in text and "missing: 3" in text for text in legend)
+    assert any("A.gsrec" in text and "dashed" in text for text in legend)
+    assert legend[legend.index(next(t for t in legend if "A.gsrec" in t)) + 1] == "missing: 3"
     # Both runs' losses, and the step axis covers both.
     assert "A.gsrec" in window.plots.loss.compared_curves
     # Another statistic: the compared curves follow the selector.
@@ -321,3 +322,17 @@ def test_the_hover_label_goes_with_the_data_it_points_at(qtbot, window, tmp_path
 
     QApplication.sendEvent(plot, QEvent(QEvent.Type.Leave))  # the mouse left the plot
     assert not plot.hover.isVisible()
+
+
+def test_empty_plots_say_how_to_start(qtbot, window, scripts) -> None:
+    from tests.gui.gui_helpers import open_and_wait, run_and_wait
+
+    open_and_wait(qtbot, window, scripts["tiny"])
+    window._refresh()
+    hint = window.plots.empty_hint
+    assert not hint.isHidden() and "Run (F5)" in hint.text()
+    (x0, x1), _ = window.plots.gradient_norm.item.vb.viewRange()
+    assert x0 < 0 < 9 < x1  # the first steps, not -0.4 to 0.4
+    run_and_wait(qtbot, window, window.step)
+    window._refresh()
+    assert hint.isHidden()

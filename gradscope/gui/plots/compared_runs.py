@@ -27,6 +27,15 @@ LINE_STYLE_WORDS = {
 }
 
 
+def short_run_name(name: str, limit: int = 22) -> str:
+    """A run's (file) name in at most ``limit`` characters, cut in the middle: both its
+    start and its end (often the part that differs) stay."""
+    if len(name) <= limit:
+        return name
+    head = (limit - 1) // 2
+    return f"{name[:head]}…{name[len(name) - (limit - 1 - head) :]}"
+
+
 @dataclass(frozen=True)
 class ComparedRun:
     """A run read from a recording, shown next to the current one."""

@@ -18,7 +18,6 @@ from gradscope.gui.mixed_precision import (
 )
 from gradscope.gui.peak_raster import PeakRasterItem
 from gradscope.gui.plot_axes import elide
-from gradscope.gui.plots.compared_runs import LINE_STYLE_WORDS, ComparedRun
 from gradscope.gui.plots.display_values import log10_display
 from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.peak_cache import PeakLevels
@@ -84,8 +83,6 @@ class GradientNormPlot(QWidget):
         # was last fed with.
         self.compared_curves: dict[tuple[str, str], pg.PlotDataItem] = {}
         self._compared_state: dict[tuple[str, str], tuple] = {}
-        self._compared: tuple[ComparedRun, ...] = ()
-        self._run_name = ""
         self.missing_in_compared: dict[str, list[str]] = {}  # run name -> ticked layers
         self.cache = LogNormCache()
         self._peaks = PeakLevels()
@@ -386,8 +383,6 @@ class GradientNormPlot(QWidget):
     def _update_compared(self, view: PlotView, visible: list[str]) -> None:
         """The compared runs' curves of the ticked layers, matched by name, in the layer's
         colour and the run's line style; a layer a run lacks is listed as missing."""
-        self._compared = view.compared
-        self._run_name = view.run_name
         wanted: set[tuple[str, str]] = set()
         self.missing_in_compared = {}
         for run in view.compared:
@@ -425,26 +420,6 @@ class GradientNormPlot(QWidget):
                 del self.compared_curves[key]
                 self._compared_state.pop(key, None)
 
-    def _add_run_legend(self) -> None:
-        """One entry per run when runs are compared: its line style, and the ticked layers
-        it does not have."""
-        if not self._compared:
-            return
-        grey = "#444"
-        self.legend.addItem(
-            pg.PlotDataItem(pen=pg.mkPen(grey, width=1.5)),
-            elide(self._run_name or "shown run", 28) + " (solid)",
-        )
-        for run in self._compared:
-            missing = self.missing_in_compared.get(run.name, [])
-            text = f"{elide(run.name, 28)} ({LINE_STYLE_WORDS[run.line_style]})"
-            if missing:
-                names = ", ".join(name or "(model)" for name in missing)
-                text += f", missing: {elide(names, 30)}"
-            self.legend.addItem(
-                pg.PlotDataItem(pen=pg.mkPen(grey, width=1.5, style=run.line_style)), text
-            )
-
     def _update_legend(self, visible: list[str]) -> None:
         # Many layers: the selected one and the first others, then how many more (hovering
         # a curve names it); the legend no longer disappears.
@@ -457,11 +432,7 @@ class GradientNormPlot(QWidget):
         if self._edge_points:
             shown = [*shown, _EDGE_LEGEND]
         skipped = bool(len(self.skipped.steps))
-        runs = [
-            (run.name, run.line_style, tuple(self.missing_in_compared.get(run.name, ())))
-            for run in self._compared
-        ]
-        key = [*shown, more, skipped, self._run_name, runs]
+        key = [*shown, more, skipped]
         if key == self._legend_names:
             return
         self.legend.clear()
@@ -479,9 +450,8 @@ class GradientNormPlot(QWidget):
             self.legend.addItem(self.markers, "NaN/Inf top, 0 bottom")
         if skipped:
             self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
-        self._add_run_legend()
         self._legend_names = key
-        self.legend.setVisible(bool(shown) or skipped or bool(runs))
+        self.legend.setVisible(bool(shown) or skipped)
         self._fit_legend_columns()
 
     def show_selection(self, layer: str | None, step: int | None) -> None:

@@ -12,7 +12,8 @@ from gradscope.gui.mixed_precision import (
     LossScaleAxis,
     SkippedMarkers,
 )
-from gradscope.gui.plots.compared_runs import ComparedRun
+from gradscope.gui.plot_axes import elide
+from gradscope.gui.plots.compared_runs import LINE_STYLE_WORDS, ComparedRun, short_run_name
 from gradscope.gui.plots.display_values import log10_display
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import DOTS_UP_TO, make_plot_widget
@@ -49,7 +50,10 @@ class LossPlot(QWidget):
         self.legend = pg.LegendItem(labelTextSize="8pt", colCount=1, verSpacing=-6)
         self.item.layout.addItem(self.legend, 4, 1)
         self.legend.setVisible(False)
-        self._legend_key: tuple[bool, bool] = (False, False)
+        self._legend_key: tuple = (False, False, ())
+        # The run legend (with runs compared): this plot draws every run's loss in its
+        # line style, so the styles are explained here, beside the curves they name.
+        self._runs: tuple[str, tuple[ComparedRun, ...], list[str]] = ("", (), [])
         self.step_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#555", style=Qt.PenStyle.DashLine))
         self.step_line.setVisible(False)
         self.item.addItem(self.step_line, ignoreBounds=True)
@@ -89,6 +93,8 @@ class LossPlot(QWidget):
         self._steps = steps
         self._nonfinite_steps = steps[~finite]
         self._update_compared(view.compared)
+        ticked = [n for n in view.order if n in view.visible and view.history.has_layer(n)]
+        self._runs = (view.run_name, view.compared, ticked)
         self.skipped.refresh(view.history, y)
         self.loss_scale.refresh(view.history)
         self._update_legend()
@@ -115,7 +121,11 @@ class LossPlot(QWidget):
             )
 
     def _update_legend(self) -> None:
-        key = (bool(len(self.skipped.steps)), self.loss_scale.shown)
+        run_name, compared, ticked = self._runs
+        runs = tuple(
+            (run.name, run.line_style, tuple(run.missing_layers(ticked))) for run in compared
+        )
+        key = (bool(len(self.skipped.steps)), self.loss_scale.shown, runs and (run_name, runs))
         if key == self._legend_key:
             return
         self._legend_key = key
@@ -124,7 +134,29 @@ class LossPlot(QWidget):
             self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
         if key[1]:
             self.legend.addItem(self.loss_scale.curve, "loss scale (right, log)")
+        if runs:
+            self._add_run_legend(run_name, compared, ticked)
         self.legend.setVisible(any(key))
+
+    def _add_run_legend(
+        self, run_name: str, compared: tuple[ComparedRun, ...], ticked: list[str]
+    ) -> None:
+        """One entry per run: its line style (in every plot), and the ticked layers it does
+        not have."""
+        grey = "#333"
+        self.legend.addItem(
+            pg.PlotDataItem(pen=pg.mkPen(grey, width=1.5)),
+            f"{short_run_name(run_name or 'shown run')} (solid)",
+        )
+        for run in compared:
+            text = f"{short_run_name(run.name)} ({LINE_STYLE_WORDS[run.line_style]})"
+            self.legend.addItem(
+                pg.PlotDataItem(pen=pg.mkPen(grey, width=1.5, style=run.line_style)), text
+            )
+            missing = run.missing_layers(ticked)
+            if missing:  # a line of its own: the plot is narrow
+                names = elide(", ".join(n or "(model)" for n in missing), 20)
+                self.legend.addItem(pg.PlotDataItem(pen=None), f"missing: {names}")
 
     def show_selection(self, step: int | None) -> None:
         self.step_line.setVisible(step is not None)

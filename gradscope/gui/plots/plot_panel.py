@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QSplitter, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtWidgets import QLabel, QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from gradscope.gui.plots.gradient_flow_plot import GradientFlowPlot
 from gradscope.gui.plots.gradient_norm_plot import GradientNormPlot
@@ -70,6 +70,14 @@ class PlotPanel(QWidget):
             plot.item.vb.sigRangeChangedManually.connect(self._on_view_range_changed_manually)
         for plot in (self.gradient_norm, self.heatmap, self.flow):
             plot.statistic_changed.connect(self._on_plot_statistic_changed)
+        # Over the empty gradient-norm plot: how to get steps (it looked broken, blank).
+        self.empty_hint = QLabel(self.gradient_norm.widget)
+        self.empty_hint.setStyleSheet(
+            "QLabel { color: #555; background: rgba(255, 255, 255, 220); padding: 8px;"
+            " border: 1px solid #ccc; border-radius: 4px; font-size: 11pt; }"
+        )
+        self.empty_hint.hide()
+        self.gradient_norm.widget.installEventFilter(self)
         self._last_view: PlotView | None = None
         self._fitted: dict[tuple[int, str], tuple] = {}  # see _set_range
         # Linked views turn each other's auto-range off, so the shared step axis and layer
@@ -85,8 +93,29 @@ class PlotPanel(QWidget):
         if self._last_view is not None:
             self.refresh(self._last_view)
 
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Resize:
+            self._place_empty_hint()
+        return False
+
+    def _place_empty_hint(self) -> None:
+        parent = self.gradient_norm.widget
+        hint = self.empty_hint
+        hint.adjustSize()
+        hint.move((parent.width() - hint.width()) // 2, (parent.height() - hint.height()) // 2)
+
+    def _show_empty_hint(self, view: PlotView) -> None:
+        empty = not view.history.count and bool(view.empty_hint)
+        if empty and self.empty_hint.text() != view.empty_hint:
+            self.empty_hint.setText(view.empty_hint)
+        if empty != self.empty_hint.isVisible():
+            self.empty_hint.setVisible(empty)
+        if empty:
+            self._place_empty_hint()
+
     def refresh(self, view: PlotView) -> None:
         self._last_view = view
+        self._show_empty_hint(view)
         if self.follow_range:
             # First the view, then the data: the gradient-norm plot draws what is in view.
             self.gradient_norm.hold(True)
@@ -128,6 +157,9 @@ class PlotPanel(QWidget):
                 jump = round_up_to_nice((last - first) / 8)
                 last = first + math.ceil((last - first) / jump) * jump
             self._set_range(self.gradient_norm.item, "x", first - 0.5, last + 0.5, 0.02)
+        if not any(run.count for run in runs):
+            # No steps: the first ten, not pyqtgraph's -0.4 to 0.4 of an empty view.
+            self._set_range(self.gradient_norm.item, "x", -0.5, 9.5, 0.02)
         layers = sum(1 for name in view.order if history.has_layer(name))
         if layers:
             self._set_range(self.heatmap.item, "y", -0.5, layers - 0.5, 0)

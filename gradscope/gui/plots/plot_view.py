@@ -34,6 +34,8 @@ class PlotView:
     # The shown run's name (the run legend's first entry) and other runs on the same axes.
     run_name: str = ""
     compared: tuple[ComparedRun, ...] = ()
+    # What to do to get steps, shown over the empty plots ("" shows nothing).
+    empty_hint: str = ""
 
 
 def classify_for_display(value: float, view: PlotView) -> int:

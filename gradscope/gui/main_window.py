@@ -17,6 +17,7 @@ from PySide6.QtGui import (
     QAction,
     QCloseEvent,
     QColor,
+    QDesktopServices,
     QDragEnterEvent,
     QDropEvent,
     QKeySequence,
@@ -48,6 +49,7 @@ from gradscope.gui import shortcuts
 from gradscope.gui.dialogs import ErrorDialog, ModelDialog, show_about
 from gradscope.gui.events_panel import EventsPanel
 from gradscope.gui.garbage_collection import collect_on_gui_thread
+from gradscope.gui.help_links import app_section_url
 from gradscope.gui.mixed_precision import PrecisionSummary
 from gradscope.gui.module_tree_model import (
     GRAD_NORM,
@@ -326,6 +328,11 @@ class MainWindow(QMainWindow):
         self.about_action = self._action("&About GradScope", lambda: show_about(self))
         self.shortcuts_action = self._action("&Keyboard shortcuts", self.show_shortcuts, "F1",
                                              tip="Every keyboard shortcut of the window")
+        self.app_help_url = app_section_url()
+        self.app_help_action = self._action(
+            "&Using the app (README)", self._on_app_help_action_triggered,
+            tip="The README's section on the app: plots, comparing runs, recordings")
+        self.app_help_action.setEnabled(self.app_help_url is not None)
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
@@ -361,6 +368,7 @@ class MainWindow(QMainWindow):
         view_menu.addAction(self.collapse_action)
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(self.shortcuts_action)
+        help_menu.addAction(self.app_help_action)
         help_menu.addAction(self.about_action)
 
     def _build_toolbar(self) -> None:
@@ -459,6 +467,10 @@ class MainWindow(QMainWindow):
         overrides = settings.to_dict()
         overrides["layers"] = self.tree_model.watched_layers() if self.tree_model.tree else None
         self.open_model(self.source, overrides, self.weights, run_after_load=run_after_load)
+
+    def _on_app_help_action_triggered(self) -> None:
+        if self.app_help_url is not None:
+            QDesktopServices.openUrl(self.app_help_url)
 
     def show_shortcuts(self) -> shortcuts.ShortcutsDialog:
         dialog = shortcuts.ShortcutsDialog(self)

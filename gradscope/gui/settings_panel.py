@@ -103,7 +103,17 @@ class NumberEdit(QLineEdit):
 
 
 def _describe(values: dict[str, object]) -> str:
-    return ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in values.items())
+    """``lr 0.001, trace on``: values as the panel says them, not as Python prints them
+    (it read "trace True")."""
+
+    def said(value: object) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if value is None:
+            return "off"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    return ", ".join(f"{name.replace('_', ' ')} {said(value)}" for name, value in values.items())
 
 
 def _describe_names(names: set[str], order: dict[str, object]) -> str:

@@ -336,3 +336,28 @@ def test_empty_plots_say_how_to_start(qtbot, window, scripts) -> None:
     run_and_wait(qtbot, window, window.step)
     window._refresh()
     assert hint.isHidden()
+
+
+def test_help_links_to_the_readmes_app_section(window, tmp_path) -> None:
+    from gradscope.gui.help_links import app_section_url
+
+    url = window.app_help_url
+    assert window.app_help_action.isEnabled() and url is not None
+    assert url.fragment() == "the-app"
+    readme = Path(url.toLocalFile())
+    assert "\n## The app\n" in readme.read_text(encoding="utf-8")
+    help_menu = next(a.menu() for a in window.menuBar().actions() if "Help" in a.text())
+    assert window.app_help_action in help_menu.actions()
+    assert app_section_url(tmp_path / "README.md") is None  # none shipped: no dead link
+
+
+def test_last_changes_are_offered_in_words_not_python(qtbot) -> None:
+    from gradscope.core.settings import RunSettings
+    from gradscope.gui.settings_panel import SettingsPanel
+
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    panel.set_settings(RunSettings())
+    panel.set_script_defaults(RunSettings(), {"trace": True, "lr": 0.5})
+    text = panel.last_overrides_button.text()
+    assert "trace on" in text and "True" not in text

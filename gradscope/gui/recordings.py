@@ -19,6 +19,7 @@ from gradscope.core.module_tree import ModuleTree
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.core.watch import LayerInfo
 from gradscope.gui.dialogs import ErrorDialog
+from gradscope.gui.rank_set_view import RankSetView
 from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.worker import ModelLoaded, StepsFinished
 
@@ -93,9 +94,9 @@ class RecordingController(QObject):
         self.follow_timer.setInterval(FOLLOW_INTERVAL_MS)
         self.follow_timer.timeout.connect(self._on_follow_timer_timeout)
 
-        from gradscope.gui.rank_set_view import RankSetView
-
-        self.rank_view = RankSetView(window)
+        self.rank_view = RankSetView(
+            self, window.toolbar, window.plots.loss.item, window.events_panel
+        )
         self.rank_view.rank_chosen.connect(self._on_rank_view_rank_chosen)
         window.model_loaded.connect(self._on_window_model_loaded)
         window.run_thread.worker.steps_finished.connect(self._on_worker_steps_finished)

@@ -361,3 +361,41 @@ def test_last_changes_are_offered_in_words_not_python(qtbot) -> None:
     panel.set_script_defaults(RunSettings(), {"trace": True, "lr": 0.5})
     text = panel.last_overrides_button.text()
     assert "trace on" in text and "True" not in text
+
+
+def _reference_ema(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's debiased EMA, one value at a time, over the finite values."""
+    out = np.full(len(values), np.nan)
+    last, count = 0.0, 0
+    for i, value in enumerate(values):
+        if np.isfinite(value):
+            last = last * weight + (1 - weight) * value
+            count += 1
+            out[i] = last / (1 - weight**count)
+    return out
+
+
+def test_smoothing_draws_the_moving_average_over_the_faint_raw_values(
+    qtbot, window, tmp_path
+) -> None:
+    _open(qtbot, window, record_run(tmp_path / "A.gsrec", steps=60))
+    plots = window.plots
+    history = window.history
+    plots.smoothing_slider.setValue(80)
+    assert plots.smoothing_value.text() == "0.80"
+    raw = _logged(history.series("grad_norm", "2"))
+    _, smoothed = plots.gradient_norm.curves["2"].getData()
+    assert np.allclose(smoothed, _reference_ema(raw, 0.8), equal_nan=True)
+    assert not np.allclose(smoothed, raw, equal_nan=True)
+    faint = plots.gradient_norm.raw_curves["2"]
+    assert faint.isVisible()
+    assert np.allclose(faint.getData()[1], raw, equal_nan=True)
+    assert faint.opts["pen"].color().alpha() < 255
+    _, loss = plots.loss.curve.getData()
+    drawn = _logged(history.losses) if plots.loss._log else history.losses  # log axis
+    assert np.allclose(loss, _reference_ema(drawn, 0.8), equal_nan=True)
+    assert plots.loss.raw_curve.isVisible()
+    plots.smoothing_slider.setValue(0)  # off: the raw values, nothing behind them
+    _, shown = plots.gradient_norm.curves["2"].getData()
+    assert np.allclose(shown, raw, equal_nan=True)
+    assert not faint.isVisible() and not plots.loss.raw_curve.isVisible()

@@ -18,7 +18,7 @@ from gradscope.gui.mixed_precision import (
 )
 from gradscope.gui.peak_raster import PeakRasterItem
 from gradscope.gui.plot_axes import elide
-from gradscope.gui.plots.display_values import log10_display
+from gradscope.gui.plots.display_values import ema_display, log10_display
 from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.peak_cache import PeakLevels
 from gradscope.gui.plots.plot_view import PlotView
@@ -42,6 +42,9 @@ _LEGEND_MAX = 8  # entries: with more layers, the selected and the first ones, t
 # More ticked layers than this: one connect-array curve per colour instead of one per layer.
 GROUPED_ABOVE = 40
 _EDGE_LEGEND = "\x00edge"
+
+# The raw values' alpha behind a smoothed curve (TensorBoard's faint raw line).
+RAW_ALPHA = 60
 
 
 class GradientNormPlot(QWidget):
@@ -85,6 +88,9 @@ class GradientNormPlot(QWidget):
         self._compared_state: dict[tuple[str, str], tuple] = {}
         self.missing_in_compared: dict[str, list[str]] = {}  # run name -> ticked layers
         self.cache = LogNormCache()
+        # With smoothing: each layer's raw values, drawn faint behind its smoothed curve.
+        self.smoothing = 0.0
+        self.raw_curves: dict[str, pg.PlotDataItem] = {}
         self._peaks = PeakLevels()
         self._history: RunHistory | None = None
         self._columns = np.zeros(0, dtype=np.intp)  # history columns of the ticked layers
@@ -187,6 +193,9 @@ class GradientNormPlot(QWidget):
             if not history.has_layer(name):
                 curve.setVisible(False)
                 self._curve_state.pop(name, None)
+        for name, raw in self.raw_curves.items():
+            if raw.isVisible() and not (self.curves[name].isVisible() and self.smoothing > 0):
+                raw.setVisible(False)
         self._update_edges()
         self.skipped.refresh(history)
         self._update_compared(view, visible)
@@ -206,19 +215,41 @@ class GradientNormPlot(QWidget):
             self.curves[name] = curve
         return curve
 
+    def set_smoothing(self, weight: float) -> None:
+        """The smoothing slider's weight (0: the raw values only)."""
+        if weight != self.smoothing:
+            self.smoothing = weight
+            self._curve_state.clear()
+
     def _update_layer_curve(self, name: str, shown: bool) -> None:
         """Give one layer's curve its data (views of the cache) if it changed."""
         curve = self._layer_curve(name)
         curve.setVisible(shown)
         if not shown:
             self._curve_state.pop(name, None)
+            if name in self.raw_curves:
+                self.raw_curves[name].setVisible(False)
             return
         cache = self.cache
-        state = (cache.generation, name == self._selected)
+        state = (cache.generation, name == self._selected, self.smoothing)
         if self._curve_state.get(name) == state:
             return
         self._curve_state[name] = state
         logged = cache.values[self._history.column(name), : cache.rows]
+        raw = self.raw_curves.get(name)
+        if self.smoothing > 0:
+            # The raw values faint behind, the smoothed curve over them.
+            if raw is None:
+                raw = self.raw_curves[name] = pg.PlotDataItem(connect="finite")
+                raw.setZValue(-5)
+                self.item.addItem(raw)
+            faint = QColor(self._colors.get(name, QColor("#1f77b4")))
+            faint.setAlpha(RAW_ALPHA)
+            raw.setData(self._steps, logged, connect="finite", pen=pg.mkPen(faint, width=1))
+            raw.setVisible(True)
+            logged = ema_display(logged, self.smoothing)
+        elif raw is not None:
+            raw.setVisible(False)
         # Dots while there are few steps (one has no line), and always for a statistic
         # measured on detail steps only: its values are points, with nothing between.
         few = (cache.rows <= DOTS_UP_TO or self.statistic in DETAIL_ONLY) and bool(
@@ -528,6 +559,9 @@ class GradientNormPlot(QWidget):
         self.group_lines.set_data(np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0), [])
         self.group_dots.setData([])
         self._curve_state.clear()
+        for curve in self.raw_curves.values():
+            self.item.removeItem(curve)
+        self.raw_curves.clear()
         for curve in self.compared_curves.values():
             self.item.removeItem(curve)
         self.compared_curves.clear()

@@ -14,7 +14,7 @@ from gradscope.gui.mixed_precision import (
 )
 from gradscope.gui.plot_axes import elide
 from gradscope.gui.plots.compared_runs import LINE_STYLE_WORDS, ComparedRun, short_run_name
-from gradscope.gui.plots.display_values import log10_display
+from gradscope.gui.plots.display_values import ema_display, log10_display
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import DOTS_UP_TO, make_plot_widget
 from gradscope.gui.plots.step_zoom import StepZoomViewBox
@@ -40,6 +40,12 @@ class LossPlot(QWidget):
         self.item.setDownsampling(ds=True, auto=True, mode="peak")
         self.curve = pg.PlotDataItem(pen=pg.mkPen("#333", width=1), connect="finite")
         self.item.addItem(self.curve)
+        # With smoothing: the raw loss faint behind the smoothed curve.
+        self.smoothing = 0.0
+        self.raw_curve = pg.PlotDataItem(pen=pg.mkPen(51, 51, 51, 60, width=1), connect="finite")
+        self.raw_curve.setZValue(-5)
+        self.raw_curve.setVisible(False)
+        self.item.addItem(self.raw_curve)
         self.markers = pg.ScatterPlotItem(
             size=11, symbol="x", pen=pg.mkPen(NONFINITE_MARKER_COLOR, width=2.5)
         )
@@ -79,6 +85,10 @@ class LossPlot(QWidget):
             self.item.getAxis("left").setLogMode(use_log)
             self.item.setLabel("left", "loss" + (" (log)" if use_log else ""))
         y = log10_display(loss) if use_log else np.where(finite, loss, np.nan)
+        self.raw_curve.setVisible(self.smoothing > 0)
+        if self.smoothing > 0:
+            self.raw_curve.setData(steps, y, connect="finite")
+            y = ema_display(y, self.smoothing)
         # Dots while there are few steps: a single step has no line to draw.
         few = len(steps) <= DOTS_UP_TO and bool(np.isfinite(y).any())
         self.curve.setData(

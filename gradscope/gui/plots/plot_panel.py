@@ -6,7 +6,15 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
-from PySide6.QtWidgets import QLabel, QSplitter, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QSlider,
+    QSplitter,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
 
 from gradscope.gui.plots.gradient_flow_plot import GradientFlowPlot
 from gradscope.gui.plots.gradient_norm_plot import GradientNormPlot
@@ -64,6 +72,8 @@ class PlotPanel(QWidget):
         self.splitters = (top, bottom, outer)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
+        layout.setSpacing(2)
+        layout.addLayout(self._smoothing_row())
         layout.addWidget(outer)
         for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
             plot.selection_made.connect(self.selection_made)
@@ -83,6 +93,35 @@ class PlotPanel(QWidget):
         # Linked views turn each other's auto-range off, so the shared step axis and layer
         # rows are ranged here, until the user zooms or pans (View > Reset plot zoom).
         self.follow_range = True
+
+    def _smoothing_row(self) -> QHBoxLayout:
+        """TensorBoard's smoothing slider: an exponential moving average of the gradient
+        norms and the loss, the raw values faint behind."""
+        row = QHBoxLayout()
+        row.setContentsMargins(4, 0, 4, 0)
+        label = QLabel("Smoothing")
+        self.smoothing_slider = QSlider(Qt.Orientation.Horizontal)
+        self.smoothing_slider.setRange(0, 99)
+        self.smoothing_slider.setFixedWidth(160)
+        self.smoothing_slider.setToolTip(
+            "Exponential moving average of the gradient-norm curves and the loss (0: off); "
+            "the raw values stay drawn, faint. Hover and click still read the raw values."
+        )
+        self.smoothing_value = QLabel("off")
+        self.smoothing_value.setMinimumWidth(32)
+        self.smoothing_slider.valueChanged.connect(self._on_smoothing_slider_value_changed)
+        for widget in (label, self.smoothing_slider, self.smoothing_value):
+            row.addWidget(widget)
+        row.addStretch(1)
+        return row
+
+    def _on_smoothing_slider_value_changed(self, value: int) -> None:
+        weight = value / 100
+        self.smoothing_value.setText(f"{weight:.2f}" if value else "off")
+        self.gradient_norm.set_smoothing(weight)
+        self.loss.smoothing = weight
+        if self._last_view is not None:
+            self.refresh(self._last_view)
 
     def _on_view_range_changed_manually(self, *_: object) -> None:
         self.follow_range = False

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
@@ -50,6 +51,7 @@ from gradscope.gui.dialogs import ErrorDialog, ModelDialog, show_about
 from gradscope.gui.events_panel import EventsPanel
 from gradscope.gui.garbage_collection import collect_on_gui_thread
 from gradscope.gui.help_links import app_section_url
+from gradscope.gui.layer_tree_actions import LayerTreeActions
 from gradscope.gui.mixed_precision import PrecisionSummary
 from gradscope.gui.module_tree_model import (
     GRAD_NORM,
@@ -234,7 +236,13 @@ class MainWindow(QMainWindow):
         layers = QWidget()
         layout = QVBoxLayout(layers)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.filter_edit)
+        self.layer_actions = LayerTreeActions(
+            self, self.tree_view, self.tree_model, self.tree_proxy, self.filter_edit,
+            self._ask_statistics_csv)
+        filter_row = QHBoxLayout()
+        filter_row.addWidget(self.filter_edit, 1)
+        filter_row.addWidget(self.layer_actions.tick_matching_button)
+        layout.addLayout(filter_row)
         layout.addWidget(self.tree_view, 1)
         hint = QLabel("Tick the layers to watch; red rows: NaN/Inf, orange: exploding, "
                       "blue: vanishing.")

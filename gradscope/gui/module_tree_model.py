@@ -118,6 +118,24 @@ class ModuleTreeModel(QAbstractItemModel):
             self._watched = watched
             self._changed_everywhere(NAME, NAME)
 
+    def edit_watched(self, names: Iterable[str], only: bool = False) -> None:
+        """The user's edit of many rows at once: watch ``names`` (their subtrees) too, or
+        with ``only`` nothing else; told as one ``watched_layers_edited``."""
+        expanded = self._expand(names)
+        watched = expanded if only else self._watched | expanded
+        if watched != self._watched:
+            self._watched = watched
+            self._changed_everywhere(NAME, NAME)
+            self.watched_layers_edited.emit(self.watched_layers())
+
+    def matching_modules(self, text: str) -> list[str]:
+        """Modules whose name or type holds ``text`` (the filter box's rule)."""
+        needle = text.strip().lower()
+        if not needle:
+            return []
+        return [n.name for n in self._nodes
+                if needle in n.name.lower() or needle in n.type_name.lower()]
+
     def watched_layers(self) -> list[str]:
         """Checked layers in the tree's (forward registration) order."""
         return [n.name for n in self._nodes if n.own_params > 0 and n.name in self._watched]

@@ -399,3 +399,41 @@ def test_smoothing_draws_the_moving_average_over_the_faint_raw_values(
     _, shown = plots.gradient_norm.curves["2"].getData()
     assert np.allclose(shown, raw, equal_nan=True)
     assert not faint.isVisible() and not plots.loss.raw_curve.isVisible()
+
+
+def test_tree_menu_and_tick_all_matching_edit_what_every_plot_shows(qtbot, window, scripts) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    from tests.gui.gui_helpers import open_and_wait, run_and_wait
+
+    open_and_wait(qtbot, window, scripts["nan"])
+    run_and_wait(qtbot, window, window.step)
+    model = window.tree_model
+    everything = model.watched_layers()
+    encoder = [name for name in everything if name.startswith("encoder.")]
+    assert encoder and len(encoder) < len(everything)
+    actions = window.layer_actions
+    menu = actions.menu_for("encoder")
+    texts = [action.text() for action in menu.actions()]
+    assert texts == [
+        "Watch only encoder and below",
+        "Copy name",
+        "Export encoder's series as CSV…",
+    ]
+    menu.actions()[0].trigger()
+    assert model.watched_layers() == encoder
+    assert window.settings_panel.settings().layers == encoder  # the engine is told
+    window._refresh()
+    # Every plot drops the unticked layers, not only the gradient-norm plot.
+    assert window.plots.heatmap._order == encoder
+    assert window.plots.flow._order == encoder
+    menu.actions()[1].trigger()
+    assert QApplication.clipboard().text() == "encoder"
+    # "Tick all matching" the filter.
+    assert not actions.tick_matching_button.isEnabled()
+    window.filter_edit.setText("head")
+    assert actions.tick_matching_button.isEnabled()
+    actions.tick_matching_button.click()
+    assert model.watched_layers() == [n for n in everything if n in {*encoder, "head"}]
+    window.filter_edit.setText("no such module")
+    assert not actions.tick_matching_button.isEnabled()

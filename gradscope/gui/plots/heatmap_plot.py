@@ -118,7 +118,7 @@ class HeatmapPlot(QWidget):
 
     def refresh(self, view: PlotView) -> None:
         history = view.history
-        order = [name for name in view.order if history.has_layer(name)]
+        order = view.ticked_layers()
         self._order = order
         if self.axis.names != order:
             self.axis.names = order

@@ -199,7 +199,7 @@ class PlotPanel(QWidget):
         if not any(run.count for run in runs):
             # No steps: the first ten, not pyqtgraph's -0.4 to 0.4 of an empty view.
             self._set_range(self.gradient_norm.item, "x", -0.5, 9.5, 0.02)
-        layers = sum(1 for name in view.order if history.has_layer(name))
+        layers = len(view.ticked_layers())
         if layers:
             self._set_range(self.heatmap.item, "y", -0.5, layers - 0.5, 0)
 

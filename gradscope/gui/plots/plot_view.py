@@ -37,6 +37,11 @@ class PlotView:
     # What to do to get steps, shown over the empty plots ("" shows nothing).
     empty_hint: str = ""
 
+    def ticked_layers(self) -> list[str]:
+        """The ticked layers the history has, in forward order: what every plot shows (an
+        unticked layer left the heatmap and the flow chart too)."""
+        return [n for n in self.order if n in self.visible and self.history.has_layer(n)]
+
 
 def classify_for_display(value: float, view: PlotView) -> int:
     """A trace value's status colour, with the engine's rule (watch.classify)."""

@@ -35,12 +35,24 @@ SUFFIX = ".gsrec"
 
 
 def runs_folder() -> Path:
-    """Where the app records its runs: ``GRADSCOPE_RUNS_DIR`` or the per-user data folder."""
+    """Where the app records its runs: ``GRADSCOPE_RUNS_DIR`` or the per-user data folder,
+    ``<data>/GradScope/runs`` (Qt's AppDataLocation names the organisation and the app,
+    both GradScope: ``GradScope/GradScope``)."""
     override = os.environ.get("GRADSCOPE_RUNS_DIR")
     if override:
         return Path(override)
-    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
-    return Path(base or Path.home() / ".gradscope") / "runs"
+    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.GenericDataLocation)
+    return (Path(base) / "GradScope" if base else Path.home() / ".gradscope") / "runs"
+
+
+def recording_stem(source: str) -> str:
+    """A file name part for the model a run records: the script's stem, or a model name
+    without the characters a file name should not hold (``timm:resnet18`` -> ``timm-resnet18``,
+    ``hf:./my/model`` -> ``hf-my-model``)."""
+    if source.endswith(".py"):
+        return Path(source).stem
+    cleaned = "".join(c if c.isalnum() or c in "_-" else "-" for c in source)
+    return "-".join(part for part in cleaned.split("-") if part) or "model"
 
 
 def _settings_of(recorded: dict[str, Any]) -> RunSettings:
@@ -130,7 +142,7 @@ class RecordingController(QObject):
         from gradscope.core.recording import RecordingWriter
 
         folder = runs_folder()
-        stem = Path(payload.source).stem if payload.source.endswith(".py") else payload.source
+        stem = recording_stem(payload.source)
         path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}{SUFFIX}"
         try:
             folder.mkdir(parents=True, exist_ok=True)

@@ -437,3 +437,16 @@ def test_tree_menu_and_tick_all_matching_edit_what_every_plot_shows(qtbot, windo
     assert model.watched_layers() == [n for n in everything if n in {*encoder, "head"}]
     window.filter_edit.setText("no such module")
     assert not actions.tick_matching_button.isEnabled()
+
+
+def test_recording_names_and_the_data_folder_read_well(monkeypatch) -> None:
+    from gradscope.gui.recordings import recording_stem, runs_folder
+
+    assert recording_stem("timm:resnet18") == "timm-resnet18"
+    assert recording_stem("hf:./my/model") == "hf-my-model"
+    assert recording_stem("resnet18") == "resnet18"
+    assert recording_stem("/tmp/x/my_model.py") == "my_model"
+    monkeypatch.delenv("GRADSCOPE_RUNS_DIR")
+    folder = runs_folder()
+    assert folder.name == "runs" and folder.parent.name == "GradScope"
+    assert folder.parent.parent.name != "GradScope"  # not GradScope/GradScope

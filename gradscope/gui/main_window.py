@@ -350,7 +350,7 @@ class MainWindow(QMainWindow):
         self.samples_menu = file_menu.addMenu("Open &sample")
         self.samples_menu.aboutToShow.connect(self._fill_samples_menu)
         self._fill_samples_menu()
-        self.recent_menu = file_menu.addMenu("&Recent")
+        self.recent_menu = file_menu.addMenu("Recent &models")
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
         self._fill_recent_menu()
         file_menu.addSeparator()

@@ -118,7 +118,7 @@ class RecordingController(QObject):
         actions = file_menu.actions()
         anchor = next((a for a in actions if a.menu() is self.window.recent_menu), None)
         file_menu.insertAction(anchor, self.open_action)
-        self.recent_runs_menu = file_menu.addMenu("Recent r&uns")
+        self.recent_runs_menu = file_menu.addMenu("Recent recorded r&uns")
         file_menu.insertMenu(anchor, self.recent_runs_menu)
         self.recent_runs_menu.aboutToShow.connect(self._fill_recent_runs_menu)
         file_menu.insertAction(anchor, self.record_action)

@@ -450,3 +450,10 @@ def test_recording_names_and_the_data_folder_read_well(monkeypatch) -> None:
     folder = runs_folder()
     assert folder.name == "runs" and folder.parent.name == "GradScope"
     assert folder.parent.parent.name != "GradScope"  # not GradScope/GradScope
+
+
+def test_the_file_menu_tells_recent_models_from_recorded_runs(window) -> None:
+    file_menu = window.file_menu
+    titles = [a.text().replace("&", "") for a in file_menu.actions() if a.menu() is not None]
+    recent = [title for title in titles if "Recent" in title]
+    assert sorted(recent) == ["Recent models", "Recent recorded runs"]

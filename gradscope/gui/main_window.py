@@ -1013,16 +1013,17 @@ class MainWindow(QMainWindow):
         self.run_action.setEnabled(has_model and state in ("ready", "paused", "halted", "done",
                                                            "stopped", "failed", "before_apply",
                                                            "step_failed"))
+        # Nothing to continue before a first step that worked (the first one failed).
+        resumable = state in ("paused", "halted", "before_apply", "step_failed")
         self.run_action.setText(
-            "&Continue" if state in ("paused", "halted", "before_apply", "step_failed")
-            else "&Run")
+            "&Continue" if resumable and self.history.count else "&Run")
         self.pause_action.setEnabled(state == "running")
         self.step_action.setEnabled(
             has_model and state in ("ready", "paused", "halted", "done", "before_apply",
                                     "step_failed"))
+        # A finished run has nothing to stop.
         self.stop_action.setEnabled(has_model and state in ("running", "paused", "halted",
-                                                            "done", "before_apply",
-                                                            "step_failed"))
+                                                            "before_apply", "step_failed"))
         self.restart_action.setEnabled(has_model and state != "loading")
         self.export_png_action.setEnabled(self.history.count > 0 or state != "empty")
         self.export_csv_action.setEnabled(True)

@@ -139,7 +139,10 @@ class StepDebugger(QObject):
         self.first_nonfinite_event_action.setEnabled(
             traced and self.timeline.first_nonfinite_button.isEnabled())
         self.apply_action.setEnabled(live and state == "before_apply")
-        self.rewind_action.setEnabled(live and bool(self.rewind_steps) and state != "running")
+        self.rewind_action.setEnabled(
+            live and bool(self.rewind_steps) and state != "running"
+            and self.window.history.count > 0  # a failed first step has nothing to undo
+        )
         self.memory_label.setText(
             f"rewind: {len(self.rewind_steps)} step(s), {_megabytes(self.snapshot_bytes)}"
             if self.rewind_steps and live else "")

@@ -457,3 +457,38 @@ def test_the_file_menu_tells_recent_models_from_recorded_runs(window) -> None:
     titles = [a.text().replace("&", "") for a in file_menu.actions() if a.menu() is not None]
     recent = [title for title in titles if "Recent" in title]
     assert sorted(recent) == ["Recent models", "Recent recorded runs"]
+
+
+FAILS_AT_ONCE = """
+import torch
+from torch import nn
+
+CONFIG = {"steps": 5, "batch_size": 2, "device": "cpu", "rewind_depth": 2}
+
+
+def build_model():
+    return nn.Linear(3, 1)
+
+
+def make_batch(batch_size, device):
+    return torch.randn(batch_size, 4), torch.randn(batch_size, 1)  # 4 features, not 3
+"""
+
+
+def test_toolbar_offers_only_what_makes_sense(qtbot, window, scripts, tmp_path) -> None:
+    from tests.gui.gui_helpers import open_and_wait, run_and_wait
+
+    script = tmp_path / "fails_at_once.py"
+    script.write_text(FAILS_AT_ONCE)
+    open_and_wait(qtbot, window, str(script))
+    with qtbot.waitSignal(window.error_shown, timeout=30_000):
+        window.run()
+    qtbot.waitUntil(lambda: window.state == "step_failed", timeout=10_000)
+    assert window.history.count == 0
+    assert window.run_action.text().replace("&", "") == "Run"  # nothing to continue
+    assert not window.debugger.rewind_action.isEnabled()
+    window.error_dialog.close()
+    open_and_wait(qtbot, window, scripts["tiny"])
+    run_and_wait(qtbot, window, window.run)
+    qtbot.waitUntil(lambda: window.state == "done", timeout=10_000)
+    assert not window.stop_action.isEnabled()  # finished: nothing to stop

@@ -492,3 +492,42 @@ def test_toolbar_offers_only_what_makes_sense(qtbot, window, scripts, tmp_path) 
     run_and_wait(qtbot, window, window.run)
     qtbot.waitUntil(lambda: window.state == "done", timeout=10_000)
     assert not window.stop_action.isEnabled()  # finished: nothing to stop
+
+
+def test_a_short_plot_keeps_its_curves_and_gives_the_legend_less(qtbot, tmp_path) -> None:
+    from gradscope.gui.plots import GradientNormPlot, PlotView, layer_color
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(12)])
+    path = tmp_path / "deep.gsrec"
+    with gradscope.watch(model, record=path) as watch:
+        for _ in range(5):
+            loss = model(torch.randn(2, 4)).square().mean()
+            loss.backward()
+            watch.collect(loss)
+            model.zero_grad()
+    with RecordingReader(path) as reader:
+        _, history = reader.load()
+    names = list(history.layer_names)
+    plot = GradientNormPlot()
+    qtbot.addWidget(plot)
+    view = PlotView(
+        history=history,
+        order=names,
+        visible=set(names),
+        colors={n: layer_color(i) for i, n in enumerate(names)},
+    )
+
+    def entries(width: int, height: int) -> list[str]:
+        plot.resize(width, height)
+        plot.show()
+        qtbot.waitExposed(plot)
+        plot.refresh(view)
+        return [label.text for _, label in plot.legend.items]
+
+    tall = entries(900, 700)
+    assert len(tall) == 8 and tall[-1] == "+5 more"
+    short = entries(600, 300)
+    assert len(short) < len(tall) and short[-1].startswith("+")
+    # The plot's view keeps most of the height.
+    assert plot.item.vb.height() > 300 * 0.4

@@ -70,6 +70,7 @@ class GradientNormPlot(QWidget):
         self.legend = pg.LegendItem(labelTextSize="8pt", colCount=1, verSpacing=-6)
         self.item.layout.addItem(self.legend, 4, 1)
         self._legend_names: list[str] = []
+        self._legend_limit_used = _LEGEND_MAX
         self._legend_more = pg.PlotDataItem(pen=None)  # the sample of the "+N more" entry
         # One curve per layer while few are ticked; with more, the unselected ones are
         # peak-downsampled to the view here and drawn together as one image (each layer in
@@ -268,7 +269,18 @@ class GradientNormPlot(QWidget):
 
     def resizeEvent(self, event: object) -> None:
         super().resizeEvent(event)
+        if self._legend_limit() != self._legend_limit_used:
+            self._legend_names = ["-"]  # rebuilt for the new size
+            self._update_legend(self._visible)
         self._fit_legend_columns()
+
+    def _legend_limit(self) -> int:
+        """How many layer entries the legend may take: all of them (up to _LEGEND_MAX) in a
+        tall plot, fewer as the plot gets short, so that the curves keep most of it (at
+        1000x650 the legend took all but a 30 px strip)."""
+        rows = min(4, 1 + max(0, (self.widget.height() - 320) // 130))
+        columns = max(1, int((self.widget.width() - LEFT_AXIS_WIDTH) / 110))
+        return max(1, min(_LEGEND_MAX, rows * columns))
 
     def _on_view_range_changed(self, *_: object) -> None:
         self._fit_legend_columns()
@@ -456,9 +468,11 @@ class GradientNormPlot(QWidget):
         # a curve names it); the legend no longer disappears.
         shown = list(visible)
         more = 0
-        if len(shown) > _LEGEND_MAX:
+        limit = self._legend_limit_used = self._legend_limit()
+        if len(shown) > limit:
             first = [self._selected] if self._selected in shown else []
-            shown = first + [n for n in shown if n not in first][: _LEGEND_MAX - 1 - len(first)]
+            rest = [n for n in shown if n not in first]
+            shown = first + rest[: max(0, limit - 1 - len(first))]
             more = len(visible) - len(shown)
         if self._edge_points:
             shown = [*shown, _EDGE_LEGEND]

@@ -605,6 +605,8 @@ class MainWindow(QMainWindow):
         self.debugger.show_recording(history.first_nonfinite)
         self.settings_panel.set_settings(settings, running=settings)
         self.settings_panel.set_read_only(True)
+        self.settings_panel.set_image_size_applies(False)
+        self.debugger.follow_trace_setting(False)
         self.settings_panel.set_notes([])
         self.setWindowTitle(f"GradScope — {display_name}")
         self.model_label.setText(display_name)
@@ -627,6 +629,10 @@ class MainWindow(QMainWindow):
         self.settings_trail = SettingsTrail(payload.settings)
         self.settings_panel.set_read_only(False)
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
+        source = payload.source
+        self.settings_panel.set_image_size_applies(
+            not source.endswith(".py") and not source.startswith("hf:"))
+        self.debugger.follow_trace_setting(bool(getattr(payload.settings, "trace", False)))
         self.settings_panel.set_layers(payload.settings.layers)
         last = self._persisted_overrides(payload.source) if self.persist else {}
         self.settings_panel.set_script_defaults(payload.script_settings, last)
@@ -752,6 +758,7 @@ class MainWindow(QMainWindow):
         self._dirty = True
 
     def _on_settings_panel_settings_edited(self, settings: RunSettings) -> None:
+        self.debugger.follow_trace_setting(bool(getattr(settings, "trace", False)))
         if self.loaded is not None:
             self.run_thread.queue_settings(settings)
         if self.persist and self.source and self._loaded_settings is not None:

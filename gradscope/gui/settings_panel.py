@@ -218,6 +218,7 @@ class SettingsPanel(QScrollArea):
         form.addRow("Gradient clip", clip_row)
         form.addRow("Seed" + restart, self.seed)
         form.addRow("Image size" + restart, self.image_size)
+        self._form = form
         form.addRow("Mixed precision" + restart, self.amp)
         form.addRow("Initial loss scale" + restart, self.amp_init_scale)
         form.addRow("Explode above", self.explode_threshold)
@@ -476,6 +477,11 @@ class SettingsPanel(QScrollArea):
             notes.append(architecture_note(architecture))
         self.model_notes.setText("\n".join(notes))
         self.model_notes.setVisible(bool(notes))
+
+    def set_image_size_applies(self, applies: bool) -> None:
+        """Offer Image size only for models fed random images (torchvision and timm names);
+        a script makes its own batches, a recording has none."""
+        self._form.setRowVisible(self.image_size, applies)
 
     def set_read_only(self, read_only: bool) -> None:
         """Show a recorded run's settings: visible, greyed, nothing to edit or apply (the

@@ -147,6 +147,12 @@ class StepDebugger(QObject):
             f"rewind: {len(self.rewind_steps)} step(s), {_megabytes(self.snapshot_bytes)}"
             if self.rewind_steps and live else "")
 
+    def follow_trace_setting(self, trace: bool) -> None:
+        """Trace mode off: the Step trace pane goes (it stayed docked, empty); it comes back
+        with the next traced step."""
+        if not trace and self.trace_dock.isVisible():
+            self.trace_dock.hide()
+
     def show_recording(self, origin: Any) -> None:
         """A recording replaced the live model: no trace, no rewind, its own origin."""
         self.trace_events = []

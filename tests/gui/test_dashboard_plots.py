@@ -531,3 +531,29 @@ def test_a_short_plot_keeps_its_curves_and_gives_the_legend_less(qtbot, tmp_path
     assert len(short) < len(tall) and short[-1].startswith("+")
     # The plot's view keeps most of the height.
     assert plot.item.vb.height() > 300 * 0.4
+
+
+def test_trace_pane_and_image_size_show_only_where_they_apply(
+    qtbot, window, scripts, tmp_path
+) -> None:
+    from tests.gui.gui_helpers import open_and_wait
+
+    panel = window.settings_panel
+    open_and_wait(qtbot, window, scripts["tiny"])
+    assert not panel._form.isRowVisible(panel.image_size)  # a script makes its batches
+    if panel.trace is None:
+        pytest.skip("this engine has no trace mode")
+    panel.trace.setChecked(True)
+    window.debugger.trace_dock.show()
+    panel.trace.setChecked(False)  # trace mode off: the empty pane goes
+    assert not window.debugger.trace_dock.isVisible()
+    _open(qtbot, window, record_run(tmp_path / "A.gsrec"))
+    assert not panel._form.isRowVisible(panel.image_size)
+
+
+def test_image_size_is_offered_for_a_torchvision_model(qtbot, window) -> None:
+    from tests.gui.gui_helpers import open_and_wait
+
+    open_and_wait(qtbot, window, "squeezenet1_0")
+    panel = window.settings_panel
+    assert panel._form.isRowVisible(panel.image_size)

@@ -109,7 +109,7 @@ _STATE_TEXT = {
     "done": ("Finished", "#2c7a2c"),
     "stopped": ("Stopped", "#666"),
     "pausing": ("Pausing after this step…", "#a05a00"),
-    "stopping": ("Stopping after this step…", "#666"),
+    "stopping": ("Stopping: the step going on is abandoned…", "#666"),
     "failed": ("Error", "#c00000"),
     "step_failed": ("Step failed", "#c00000"),
 }

@@ -557,3 +557,37 @@ def test_image_size_is_offered_for_a_torchvision_model(qtbot, window) -> None:
     open_and_wait(qtbot, window, "squeezenet1_0")
     panel = window.settings_panel
     assert panel._form.isRowVisible(panel.image_size)
+
+
+def test_top_k_layers_by_norm_and_by_status(qtbot, window, tmp_path) -> None:
+    from gradscope.gui.plots.top_layers import TOP_K
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(TOP_K + 4)])
+    path = tmp_path / "deep.gsrec"
+    with gradscope.watch(model, record=path) as watch:
+        for _ in range(4):
+            loss = model(torch.randn(2, 4)).square().mean()
+            loss.backward()
+            watch.collect(loss)
+            model.zero_grad()
+    _open(qtbot, window, path)
+    history = window.history
+    plots = window.plots
+    names = list(history.layer_names)
+    last = history.matrix("grad_norm")[-1]
+    by_norm = sorted(names, key=lambda n: float(last[history.column(n)]), reverse=True)
+    plots.layer_choice.setCurrentIndex(plots.layer_choice.findData("norm"))
+    shown = [n for n, c in plots.gradient_norm.curves.items() if c.isVisible()]
+    assert sorted(shown) == sorted(by_norm[:TOP_K])
+    assert plots.heatmap._order == [n for n in names if n in by_norm[:TOP_K]]
+    plots.layer_choice.setCurrentIndex(plots.layer_choice.findData("status"))
+    worst = history.worst_status
+    expected = sorted(
+        names,
+        key=lambda n: (int(worst[history.column(n)]), float(last[history.column(n)])),
+        reverse=True,
+    )[:TOP_K]
+    assert sorted(plots.heatmap._order) == sorted(expected)
+    plots.layer_choice.setCurrentIndex(plots.layer_choice.findData("ticked"))
+    assert plots.heatmap._order == names

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import (
+    QComboBox,
     QHBoxLayout,
     QLabel,
     QSlider,
@@ -22,6 +24,7 @@ from gradscope.gui.plots.heatmap_plot import HeatmapPlot
 from gradscope.gui.plots.loss_plot import LossPlot
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import LEFT_AXIS_WIDTH
+from gradscope.gui.plots.top_layers import LAYER_CHOICES, top_layers
 
 # The layer-name axis of the heatmap (and the gradient-norm plot's, kept as wide so that
 # their step axes line up) grows with the names, within these bounds.
@@ -112,8 +115,30 @@ class PlotPanel(QWidget):
         self.smoothing_slider.valueChanged.connect(self._on_smoothing_slider_value_changed)
         for widget in (label, self.smoothing_slider, self.smoothing_value):
             row.addWidget(widget)
+        row.addSpacing(16)
+        self.layer_choice = QComboBox()
+        for choice, text in LAYER_CHOICES.items():
+            self.layer_choice.addItem(text, choice)
+        self.layer_choice.setToolTip(
+            "Big models: plot only the ticked layers with the largest gradient norm at the "
+            "last step, or the worst status so far"
+        )
+        self.layer_choice.currentIndexChanged.connect(self._on_layer_choice_changed)
+        row.addWidget(self.layer_choice)
         row.addStretch(1)
         return row
+
+    def _on_layer_choice_changed(self, _index: int) -> None:
+        if self._last_view is not None:
+            self.refresh(self._last_view)
+
+    def _shown(self, view: PlotView) -> PlotView:
+        """``view`` with its ticked layers cut to the top k the selector asks for."""
+        choice = str(self.layer_choice.currentData())
+        if choice == "ticked":
+            return view
+        chosen = top_layers(view.history, view.ticked_layers(), choice)
+        return dataclasses.replace(view, visible=set(chosen))
 
     def _on_smoothing_slider_value_changed(self, value: int) -> None:
         weight = value / 100
@@ -154,6 +179,7 @@ class PlotPanel(QWidget):
 
     def refresh(self, view: PlotView) -> None:
         self._last_view = view
+        view = self._shown(view)
         self._show_empty_hint(view)
         if self.follow_range:
             # First the view, then the data: the gradient-norm plot draws what is in view.
@@ -228,7 +254,7 @@ class PlotPanel(QWidget):
         if self._last_view is not None:
             self._last_view.selected_layer = layer
             self._last_view.selected_step = step
-            self.flow.refresh(self._last_view)
+            self.flow.refresh(self._shown(self._last_view))
 
     def clear(self) -> None:
         """Forget the last model or recording: its curves and its zoom (a new one starts

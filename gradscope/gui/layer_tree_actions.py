@@ -56,6 +56,11 @@ class LayerTreeActions(QObject):
         menu.addAction(f"Export {shown}'s series as CSV…", lambda: self._export_layer(name))
         return menu
 
+    def popup_for(self, name: str, global_position: QPoint) -> None:
+        """The same menu for a layer's curve (a right-click on the gradient-norm plot)."""
+        self.menu = self.menu_for(name)
+        self.menu.popup(global_position)
+
     def _on_tree_view_context_menu_requested(self, position: QPoint) -> None:
         index = self._view.indexAt(position)
         if not index.isValid():

@@ -243,6 +243,7 @@ class MainWindow(QMainWindow):
         filter_row.addWidget(self.filter_edit, 1)
         filter_row.addWidget(self.layer_actions.tick_matching_button)
         layout.addLayout(filter_row)
+        self.plots.layer_menu_requested.connect(self.layer_actions.popup_for)
         layout.addWidget(self.tree_view, 1)
         hint = QLabel("Tick the layers to watch; red rows: NaN/Inf, orange: exploding, "
                       "blue: vanishing.")

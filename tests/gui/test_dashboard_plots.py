@@ -591,3 +591,25 @@ def test_top_k_layers_by_norm_and_by_status(qtbot, window, tmp_path) -> None:
     assert sorted(plots.heatmap._order) == sorted(expected)
     plots.layer_choice.setCurrentIndex(plots.layer_choice.findData("ticked"))
     assert plots.heatmap._order == names
+
+
+def test_right_click_on_a_curve_opens_that_layers_menu(qtbot, window, tmp_path) -> None:
+    from PySide6.QtCore import QPointF, Qt
+
+    _open(qtbot, window, record_run(tmp_path / "A.gsrec"))
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    window._refresh()
+    plot = window.plots.gradient_norm
+    plot.item.vb.prepareForPaint()
+    steps, values = plot.curves["2"].getData()
+    scene = plot.item.vb.mapViewToScene(QPointF(float(steps[6]), float(values[6])))
+    point = plot.widget.mapFromScene(scene)
+    with qtbot.waitSignal(plot.layer_menu_requested, timeout=5_000) as blocker:
+        qtbot.mouseClick(plot.widget.viewport(), Qt.MouseButton.RightButton, pos=point)
+    assert blocker.args[0] == "2"
+    menu = window.layer_actions.menu
+    assert menu is not None and menu.isVisible()
+    assert menu.actions()[0].text() == "Watch only 2 and below"
+    menu.close()

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, Qt, Signal
+from PySide6.QtCore import QPoint, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
@@ -50,6 +50,8 @@ RAW_ALPHA = 60
 class GradientNormPlot(QWidget):
     selection_made = Signal(object)  # Selection
     statistic_changed = Signal(str)  # the history statistic now shown
+    # A right-click on a curve: (layer, global position) for the layer's menu.
+    layer_menu_requested = Signal(str, QPoint)
 
     def __init__(self) -> None:
         super().__init__()
@@ -62,6 +64,7 @@ class GradientNormPlot(QWidget):
         self.item.setLabel("bottom", "step")
         self.statistic_selector = StatisticSelector(self.widget)
         self.statistic_selector.statistic_chosen.connect(self._on_statistic_selector_chosen)
+        self.item.vb.context_menu_at = self._request_layer_menu
         self.item.getAxis("left").setLogMode(True)
         self.item.getAxis("left").setWidth(LEFT_AXIS_WIDTH)
         self.item.setClipToView(True)
@@ -149,6 +152,14 @@ class GradientNormPlot(QWidget):
     @property
     def statistic(self) -> str:
         return self.cache.statistic
+
+    def _request_layer_menu(self, scene_pos: QPointF, screen_pos: QPoint) -> bool:
+        """A right-click on a curve asks for that layer's menu; elsewhere, pyqtgraph's."""
+        found = self.nearest(scene_pos)
+        if found is None or found[0] not in self._visible:
+            return False
+        self.layer_menu_requested.emit(found[0], screen_pos)
+        return True
 
     def _on_statistic_selector_chosen(self, statistic: str) -> None:
         self.cache.set_statistic(statistic)

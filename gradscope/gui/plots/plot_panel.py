@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPoint, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -43,6 +43,7 @@ class PlotPanel(QWidget):
     """The four plots in resizable splitters, with step axes and layer rows linked."""
 
     selection_made = Signal(object)  # Selection
+    layer_menu_requested = Signal(str, QPoint)  # a right-click on a layer's curve
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,6 +84,7 @@ class PlotPanel(QWidget):
             plot.item.vb.sigRangeChangedManually.connect(self._on_view_range_changed_manually)
         for plot in (self.gradient_norm, self.heatmap, self.flow):
             plot.statistic_changed.connect(self._on_plot_statistic_changed)
+        self.gradient_norm.layer_menu_requested.connect(self.layer_menu_requested)
         # Over the empty gradient-norm plot: how to get steps (it looked broken, blank).
         self.empty_hint = QLabel(self.gradient_norm.widget)
         self.empty_hint.setStyleSheet(

@@ -4,8 +4,10 @@ data in view. (The wheel used to zoom y too, and the curves left the view.)"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF
+from PySide6.QtCore import QPoint, QPointF, QRectF, Qt
 from PySide6.QtGui import QTransform
 
 
@@ -15,11 +17,24 @@ class StepZoomViewBox(pg.ViewBox):
 
     def __init__(self, fit_values: bool = True, **options: object) -> None:
         super().__init__(**options)
+        # Asked on a right-click: True when it showed a menu of its own for what is under
+        # the mouse (a curve); otherwise pyqtgraph's menu (View All, Export...) shows.
+        self.context_menu_at: Callable[[QPointF, QPoint], bool] | None = None
         self.setMouseEnabled(x=True, y=False)
         self.setMouseMode(pg.ViewBox.RectMode)
         if fit_values:
             self.setAutoVisible(y=True)
             self.enableAutoRange(axis=pg.ViewBox.YAxis)
+
+    def mouseClickEvent(self, ev: object) -> None:
+        if (
+            ev.button() == Qt.MouseButton.RightButton
+            and self.context_menu_at is not None
+            and self.context_menu_at(ev.scenePos(), ev.screenPos().toPoint())
+        ):
+            ev.accept()
+            return
+        super().mouseClickEvent(ev)
 
     def showAxRect(self, ax: QRectF, **_options: object) -> None:
         """The rubber band's steps become the step range; the values are left to fit."""

@@ -80,6 +80,9 @@ class DiagnosisPane(QWidget):
     def show_origin(self, origin: Origin | None) -> None:
         self.origin = origin
         self.highlighted_line = None
+        # The last origin's highlighted line goes with its file (it stayed, an empty pink
+        # line, when the next origin had no source).
+        self.source.setExtraSelections([])
         if origin is None:
             self.summary.setText("No NaN/Inf so far.")
             self.location.setText("")

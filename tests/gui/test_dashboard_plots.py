@@ -613,3 +613,30 @@ def test_right_click_on_a_curve_opens_that_layers_menu(qtbot, window, tmp_path) 
     assert menu is not None and menu.isVisible()
     assert menu.actions()[0].text() == "Watch only 2 and below"
     menu.close()
+
+
+def test_small_leftovers_are_gone(qtbot, window, tmp_path) -> None:
+    from gradscope.core.origin import Origin
+    from gradscope.gui.diagnosis_pane import DiagnosisPane
+
+    # Diagnosis: no pink line left from an origin with a source when the next has none.
+    pane = DiagnosisPane()
+    qtbot.addWidget(pane)
+    pane.show_origin(Origin(3, "forward", "fc", "output", "nan", file=__file__, line=5))
+    assert pane.source.extraSelections()
+    pane.show_origin(Origin(4, "input", None, "inputs", "inf"))
+    assert pane.source.extraSelections() == []
+    # Flow chart: the thresholds are named under the axis, not in boxes over the bars.
+    flow = window.plots.flow
+    assert not hasattr(flow.explode_line, "label") and not hasattr(flow.vanish_line, "label")
+    assert "vanish" in flow.item.getAxis("bottom").labelText
+    # The last run's cursor and colour scale go with it.
+    _open(qtbot, window, record_run(tmp_path / "A.gsrec"))
+    window.select(layer="2", step=4)
+    window._refresh()
+    assert window.plots.heatmap.step_line.isVisible()
+    _open(qtbot, window, record_run(tmp_path / "B.gsrec", seed=1))
+    plots = window.plots
+    line = plots.gradient_norm.step_line  # the new run's step, if any, not step 4 of A's
+    assert not line.isVisible() or line.value() == float(window.history.steps[-1])
+    assert not plots.heatmap.layer_line.isVisible()

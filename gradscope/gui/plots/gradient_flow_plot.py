@@ -38,6 +38,14 @@ def _status_brush(status: int) -> QBrush:
     return brush
 
 
+# The threshold lines are named under the axis, in their colours: a name on the line was a
+# box drawn over the bars.
+_GRADIENT_AXIS_LABEL = (
+    f"‖grad‖ <span style='color:{STATUS_COLORS[1]}'>┊ vanish</span> "
+    f"<span style='color:{STATUS_COLORS[2]}'>┊ explode</span>"
+)
+
+
 class GradientFlowPlot(QWidget):
     """One horizontal bar per layer (rows shared with the heatmap) at the selected step."""
 
@@ -58,20 +66,16 @@ class GradientFlowPlot(QWidget):
         self.item = self.widget.getPlotItem()
         self.item.vb.invertY(True)
         self.item.getAxis("bottom").setLogMode(True)
-        self.item.setLabel("bottom", "‖grad‖")
+        self.item.setLabel("bottom", _GRADIENT_AXIS_LABEL)
         self.bars = pg.BarGraphItem(x0=[], x1=[], y=[], height=0.72)
         self.item.addItem(self.bars)
         self.explode_line = pg.InfiniteLine(
             angle=90,
             pen=pg.mkPen(STATUS_COLORS[2], width=1.5, style=Qt.PenStyle.DashLine),
-            label="explode",
-            labelOpts={"position": 0.96, "color": STATUS_COLORS[2], "fill": (255, 255, 255, 220)},
         )
         self.vanish_line = pg.InfiniteLine(
             angle=90,
             pen=pg.mkPen(STATUS_COLORS[1], width=1.5, style=Qt.PenStyle.DashLine),
-            label="vanish",
-            labelOpts={"position": 0.04, "color": STATUS_COLORS[1], "fill": (255, 255, 255, 220)},
         )
         for line in (self.explode_line, self.vanish_line):
             self.item.addItem(line)
@@ -97,7 +101,10 @@ class GradientFlowPlot(QWidget):
 
     def _on_statistic_selector_chosen(self, statistic: str) -> None:
         self.statistic = statistic
-        self.item.setLabel("bottom", STATISTIC_LABELS[statistic])
+        self.item.setLabel(
+            "bottom",
+            _GRADIENT_AXIS_LABEL if statistic == "grad_norm" else STATISTIC_LABELS[statistic],
+        )
         self.statistic_changed.emit(statistic)
 
     def _row_of(self, history: RunHistory, step: int | None) -> int | None:

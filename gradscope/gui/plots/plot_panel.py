@@ -263,6 +263,16 @@ class PlotPanel(QWidget):
         fitted; an old zoom can leave its steps out of view, blank plots)."""
         self.gradient_norm.clear()
         self.hide_hover()
+        # Nothing of the last run's cursor and colour scale is left on the next one's plots.
+        for line in (
+            self.gradient_norm.step_line,
+            self.loss.step_line,
+            self.heatmap.step_line,
+            self.heatmap.layer_line,
+            self.flow.selected_box,
+        ):
+            line.setVisible(False)
+        self.heatmap.colorbar.setLevels((0.0, 1.0))
         self._last_view = None
         self._fitted.clear()
         self.follow_range = True

@@ -640,3 +640,25 @@ def test_small_leftovers_are_gone(qtbot, window, tmp_path) -> None:
     line = plots.gradient_norm.step_line  # the new run's step, if any, not step 4 of A's
     assert not line.isVisible() or line.value() == float(window.history.steps[-1])
     assert not plots.heatmap.layer_line.isVisible()
+
+
+def test_each_plot_has_a_log_or_linear_value_axis(qtbot, window, tmp_path) -> None:
+    _open(qtbot, window, record_run(tmp_path / "A.gsrec"))
+    plots = window.plots
+    history = window.history
+    raw = history.series("grad_norm", "2").astype(np.float64)
+    plot = plots.gradient_norm
+    plot.scale_choice.setCurrentIndex(1)  # linear
+    assert plot.linear and not plot.item.getAxis("left").logMode
+    _, shown = plot.curves["2"].getData()
+    assert np.allclose(shown, raw, rtol=1e-5)
+    plot.scale_choice.setCurrentIndex(0)  # log again
+    _, shown = plot.curves["2"].getData()
+    assert np.allclose(shown, _logged(raw), equal_nan=True)
+    loss = plots.loss
+    for choice, logged in (("log", True), ("linear", False)):
+        loss.scale_choice.setCurrentText(choice)
+        _, y = loss.curve.getData()
+        expected = _logged(history.losses) if logged else history.losses
+        assert np.allclose(y, expected, equal_nan=True)
+        assert loss.item.getAxis("left").logMode == logged

@@ -9,7 +9,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
 
 from gradscope.core.history import RunHistory
 from gradscope.gui.mixed_precision import (
@@ -65,6 +65,14 @@ class GradientNormPlot(QWidget):
         self.statistic_selector = StatisticSelector(self.widget)
         self.statistic_selector.statistic_chosen.connect(self._on_statistic_selector_chosen)
         self.item.vb.context_menu_at = self._request_layer_menu
+        self.linear = False
+        self.scale_choice = QComboBox(self.widget)
+        self.scale_choice.addItems(["log", "linear"])
+        self.scale_choice.setToolTip("The value axis: log (default) or linear")
+        self.scale_choice.setFont(self.statistic_selector.font())
+        self.scale_choice.adjustSize()
+        self.scale_choice.move(self.statistic_selector.width() + 6, 2)
+        self.scale_choice.currentIndexChanged.connect(self._on_scale_choice_changed)
         self.item.getAxis("left").setLogMode(True)
         self.item.getAxis("left").setWidth(LEFT_AXIS_WIDTH)
         self.item.setClipToView(True)
@@ -227,6 +235,30 @@ class GradientNormPlot(QWidget):
             self.curves[name] = curve
         return curve
 
+    def _y(self, logged: np.ndarray) -> np.ndarray:
+        """Drawn y of log10 values: themselves on the log axis, 10**them on a linear one."""
+        if not self.linear:
+            return logged
+        with np.errstate(over="ignore"):
+            return np.power(10.0, np.asarray(logged, dtype=np.float64))
+
+    def _on_scale_choice_changed(self, index: int) -> None:
+        self.set_linear(index == 1)
+        self.statistic_changed.emit(self.statistic)  # the panel redraws and refits
+
+    def set_linear(self, linear: bool) -> None:
+        """A linear value axis instead of the log one (the cache keeps log10 values; zeros
+        and NaN/Inf stay markers at the edges either way)."""
+        if linear == self.linear:
+            return
+        self.linear = linear
+        self.item.getAxis("left").setLogMode(not linear)
+        self._curve_state.clear()
+        self._compared_state.clear()
+        self._group_key = None
+        self.item.enableAutoRange(axis="y")
+        self.scale_choice.setCurrentIndex(1 if linear else 0)
+
     def set_smoothing(self, weight: float) -> None:
         """The smoothing slider's weight (0: the raw values only)."""
         if weight != self.smoothing:
@@ -243,7 +275,7 @@ class GradientNormPlot(QWidget):
                 self.raw_curves[name].setVisible(False)
             return
         cache = self.cache
-        state = (cache.generation, name == self._selected, self.smoothing)
+        state = (cache.generation, name == self._selected, self.smoothing, self.linear)
         if self._curve_state.get(name) == state:
             return
         self._curve_state[name] = state
@@ -257,7 +289,9 @@ class GradientNormPlot(QWidget):
                 self.item.addItem(raw)
             faint = QColor(self._colors.get(name, QColor("#1f77b4")))
             faint.setAlpha(RAW_ALPHA)
-            raw.setData(self._steps, logged, connect="finite", pen=pg.mkPen(faint, width=1))
+            raw.setData(
+                self._steps, self._y(logged), connect="finite", pen=pg.mkPen(faint, width=1)
+            )
             raw.setVisible(True)
             logged = ema_display(logged, self.smoothing)
         elif raw is not None:
@@ -270,7 +304,7 @@ class GradientNormPlot(QWidget):
         color = self._colors.get(name, QColor("#1f77b4"))
         curve.setData(
             self._steps,
-            logged,
+            self._y(logged),
             connect="finite",
             symbol="o" if few else None,
             symbolSize=4,
@@ -363,14 +397,14 @@ class GradientNormPlot(QWidget):
                 np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0)), np.zeros(0), []
             )
         else:
-            self.group_lines.set_data(x, low, high, color_index, colors)
+            self.group_lines.set_data(x, self._y(low), self._y(high), color_index, colors)
         if rows <= DOTS_UP_TO or points_only:  # few steps (one has no line): dots too
             finite = np.isfinite(low)
             layer, point = np.nonzero(finite)
             brushes = [pg.mkBrush(color) for color in colors]
             self.group_dots.setData(
                 x=x[point],
-                y=low[finite],
+                y=self._y(low[finite]),
                 brush=[brushes[i - 1] for i in color_index[layer].tolist()],
             )
         else:
@@ -451,11 +485,17 @@ class GradientNormPlot(QWidget):
                     curve = pg.PlotDataItem(connect="finite", autoDownsampleFactor=1.0)
                     self.item.addItem(curve)
                     self.compared_curves[key] = curve
-                state = (id(run.history), run.history.count, self.statistic, run.line_style)
+                state = (
+                    id(run.history),
+                    run.history.count,
+                    self.statistic,
+                    run.line_style,
+                    self.linear,
+                )
                 if self._compared_state.get(key) != state:
                     self._compared_state[key] = state
                     color = self._colors.get(name, QColor("#1f77b4"))
-                    values = log10_display(run.history.series(self.statistic, name))
+                    values = self._y(log10_display(run.history.series(self.statistic, name)))
                     points = self.statistic in DETAIL_ONLY or run.history.count <= DOTS_UP_TO
                     curve.setData(
                         run.history.steps.astype(np.float64),
@@ -566,7 +606,7 @@ class GradientNormPlot(QWidget):
         row = int(np.argmin(np.abs(self._steps - point.x())))
         dx = (self._steps[row] - point.x()) / pixel_width
         if abs(dx) <= _HOVER_PIXELS * 3 and len(self._columns) and self._history is not None:
-            ys = self.cache.values[self._columns, row].astype(np.float64)
+            ys = self._y(self.cache.values[self._columns, row].astype(np.float64))
             distances = np.hypot(dx, (ys - point.y()) / pixel_height)
             distances[~np.isfinite(distances)] = np.inf
             i = int(np.argmin(distances))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
 
 from gradscope.gui.mixed_precision import (
     SKIPPED_WORDS,
@@ -69,8 +69,25 @@ class LossPlot(QWidget):
         self.widget.scene().sigMouseClicked.connect(self._on_scene_mouse_clicked)
         self._steps = np.zeros(0)
         self.compared_curves: dict[str, pg.PlotDataItem] = {}  # run name -> its loss
+        # The value axis: auto (log when the loss spans orders of magnitude), log, linear.
+        self.scale_choice = QComboBox(self.widget)
+        self.scale_choice.addItems(["auto", "log", "linear"])
+        self.scale_choice.setToolTip("The loss axis: auto (log when it spans 20x), log, linear")
+        font = self.scale_choice.font()
+        font.setPointSizeF(max(7.0, font.pointSizeF() - 1))
+        self.scale_choice.setFont(font)
+        self.scale_choice.adjustSize()
+        self.scale_choice.move(2, 2)
+        self.scale_choice.currentIndexChanged.connect(self._on_scale_choice_changed)
+        self._last_view: PlotView | None = None
+
+    def _on_scale_choice_changed(self, _index: int) -> None:
+        if self._last_view is not None:
+            self.item.enableAutoRange(axis="y")
+            self.refresh(self._last_view)
 
     def refresh(self, view: PlotView) -> None:
+        self._last_view = view
         steps = view.history.steps.astype(np.float64)
         loss = view.history.losses
         finite = np.isfinite(loss)
@@ -80,6 +97,9 @@ class LossPlot(QWidget):
         use_log = bool(
             positive.size and (positive > 0).all() and positive.max() / positive.min() >= 20
         )
+        chosen = self.scale_choice.currentText()
+        if chosen != "auto":
+            use_log = chosen == "log"
         if use_log != self._log:
             self._log = use_log
             self.item.getAxis("left").setLogMode(use_log)

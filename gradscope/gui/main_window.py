@@ -184,6 +184,7 @@ class MainWindow(QMainWindow):
             self, runs_folder, lambda text: self.statusBar().showMessage(text, 8000)
         )
         self.comparison.runs_changed.connect(self._on_comparison_runs_changed)
+        self.debugger.on_branch_abandoned = self.comparison.add_run
         recent = self.recent_menu.menuAction()
         self.file_menu.insertAction(recent, self.comparison.add_action)
         self.file_menu.insertAction(recent, self.comparison.clear_action)

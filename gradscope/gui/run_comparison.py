@@ -14,6 +14,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QWidget
 
 from gradscope.core.errors import GradScopeError
+from gradscope.core.history import RunHistory
 from gradscope.gui.dialogs import ErrorDialog
 from gradscope.gui.plots.compared_runs import COMPARED_LINE_STYLES, ComparedRun
 
@@ -58,18 +59,24 @@ class RunComparison(QObject):
             )
             self.error_dialog.open()
             return False
-        name = Path(path).name
+        self.add_run(Path(path).name, history)
+        return True
+
+    def add_run(self, name: str, history: RunHistory) -> ComparedRun:
+        """Compare ``history`` (a recording read, or the branch a rewind abandoned) under
+        ``name`` (made unique), in the next line style."""
         taken = {run.name for run in self.runs}
-        suffix = 2
-        while name in taken:  # the same file twice, or two runs' files of one name
-            name = f"{Path(path).name} ({suffix})"
+        unique, suffix = name, 2
+        while unique in taken:  # the same file twice, or two runs' files of one name
+            unique = f"{name} ({suffix})"
             suffix += 1
         style = COMPARED_LINE_STYLES[len(self.runs) % len(COMPARED_LINE_STYLES)]
-        self.runs = (*self.runs, ComparedRun(name, history, style))
+        run = ComparedRun(unique, history, style)
+        self.runs = (*self.runs, run)
         self.clear_action.setEnabled(True)
-        self._show_message(f"comparing with {name} ({history.count} steps)")
+        self._show_message(f"comparing with {unique} ({history.count} steps)")
         self.runs_changed.emit()
-        return True
+        return run
 
     def clear(self) -> None:
         if self.runs:

@@ -4,6 +4,8 @@ engine does the work (trace events, rewind snapshots), this only asks and shows.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
@@ -40,6 +42,8 @@ class StepDebugger(QObject):
         self.rewind_steps: list[int] = []
         self.snapshot_bytes = 0
         self._origin_shown = None
+        # Given the history a rewind abandons (name, history), to keep it drawn.
+        self.on_branch_abandoned: Callable[[str, Any], Any] | None = None
 
         self.trace_dock = window._dock("Step trace", "trace", self.timeline)
         self.diagnosis_dock = window._dock("Diagnosis", "diagnosis", self.diagnosis)
@@ -211,7 +215,12 @@ class StepDebugger(QObject):
         window = self.window
         abandoned = window.history.first_nonfinite
         last = int(window.history.steps[-1]) if window.history.count else payload.step - 1
+        # The abandoned branch stays on the plots, drawn as a compared run (its curves
+        # disappeared with the rewind).
+        branch = copy.deepcopy(window.history) if last >= payload.step else None
         window.history.rewind_to(payload.step)
+        if branch is not None and self.on_branch_abandoned is not None:
+            self.on_branch_abandoned(f"branch {payload.step}-{last} (rewound)", branch)
         window.settings_trail.rewind(payload.step)
         # The abandoned branch stays told in Events (with its first NaN/Inf, if it had one).
         message = (f"rewound to before step {payload.step}: the abandoned branch ran steps "

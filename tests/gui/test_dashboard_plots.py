@@ -662,3 +662,23 @@ def test_each_plot_has_a_log_or_linear_value_axis(qtbot, window, tmp_path) -> No
         expected = _logged(history.losses) if logged else history.losses
         assert np.allclose(y, expected, equal_nan=True)
         assert loss.item.getAxis("left").logMode == logged
+
+
+def test_a_rewound_branch_stays_drawn_beside_the_new_one(qtbot, window, scripts) -> None:
+    from tests.gui.gui_helpers import RUN_TIMEOUT, open_and_wait, run_and_wait
+
+    open_and_wait(qtbot, window, scripts["tiny"], rewind_depth=5)
+    run_and_wait(qtbot, window, window.run)
+    before = window.history.losses.copy()
+    layer = window.history.layer_names[0]
+    with qtbot.waitSignal(window.debugger.rewound, timeout=RUN_TIMEOUT):
+        assert window.debugger.rewind(2)
+    qtbot.waitUntil(lambda: window.state != "running", timeout=RUN_TIMEOUT)
+    runs = window.comparison.runs
+    assert [run.name for run in runs] == ["branch 2-4 (rewound)"]
+    assert np.array_equal(runs[0].history.losses, before)  # the whole abandoned branch
+    assert list(window.history.steps) == [0, 1]
+    window._refresh()
+    curve = window.plots.gradient_norm.compared_curves[("branch 2-4 (rewound)", layer)]
+    steps, _ = curve.getData()
+    assert list(steps) == [0, 1, 2, 3, 4]

@@ -564,12 +564,17 @@ class MainWindow(QMainWindow):
             self.grab()
         return self.grab().save(path)
 
+    def _fit_to_screen(self) -> None:
+        fit_to_screen(self)
+
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         if self._fit_after_show:
             self._fit_after_show = False
             fit_to_screen(self)
-            QTimer.singleShot(300, lambda: fit_to_screen(self))
+            # With the window as the timer's context: a window closed before (a test, a
+            # quick quit) cancels it.
+            QTimer.singleShot(300, self, self._fit_to_screen)
         if not self._layout_done:
             self._layout_done = True
             if not self._state_restored:

@@ -34,3 +34,22 @@ def test_restored_geometry_fits_the_screen(qtbot, window, preferences) -> None:
     assert frame.height() <= available.height() and frame.width() <= available.width()
     assert available.contains(frame)
     restored.close()
+
+
+def test_a_window_closed_at_once_leaves_no_fitting_behind(qtbot, window, preferences) -> None:
+    """The second fit, once the frame is known, must not run on a window already gone
+    (it raised 'Internal C++ object already deleted' in the next test)."""
+    from PySide6.QtCore import QTimer
+
+    from gradscope.gui.main_window import MainWindow
+
+    preferences.setValue("window/geometry", window.saveGeometry())
+    restored = MainWindow(preferences)
+    assert restored.restore_geometry()
+    restored.show()
+    restored.close()
+    restored.deleteLater()
+    qtbot.wait(50)
+    fired = []
+    QTimer.singleShot(400, lambda: fired.append(True))
+    qtbot.waitUntil(lambda: bool(fired), timeout=3_000)  # past the 300 ms fit: no error

@@ -133,8 +133,9 @@ class ModuleTreeModel(QAbstractItemModel):
         needle = text.strip().lower()
         if not needle:
             return []
-        return [n.name for n in self._nodes
-                if needle in n.name.lower() or needle in n.type_name.lower()]
+        return [
+            n.name for n in self._nodes if needle in n.name.lower() or needle in n.type_name.lower()
+        ]
 
     def watched_layers(self) -> list[str]:
         """Checked layers in the tree's (forward registration) order."""
@@ -148,8 +149,7 @@ class ModuleTreeModel(QAbstractItemModel):
             worst = _NO_STATUS
             for child in self._nodes[i].children:
                 c = self._id[id(child)]
-                worst = max(worst, inside[c], statuses.get(child.name, _NO_STATUS),
-                            key=severity)
+                worst = max(worst, inside[c], statuses.get(child.name, _NO_STATUS), key=severity)
             inside[i] = worst
         self._inside = inside
         self._changed_everywhere(NAME, STATUS)

@@ -187,7 +187,9 @@ class RunWorker(QObject):
             overrides["image_size"] = request.defaults["image_size"]
         try:
             loaded, settings = load_with_settings(
-                request.source, overrides, weights=request.weights,
+                request.source,
+                overrides,
+                weights=request.weights,
                 defaults=request.defaults,
             )
             runner = StepRunner(loaded, settings)

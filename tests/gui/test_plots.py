@@ -55,11 +55,18 @@ def _history(layers: int, steps: int, seed: int = 0):
                 norms[step % layers] = np.nan
             if step % 23 == 7:
                 norms[(step + 3) % layers] = 0.0
-            stats = StepStats(step=step, loss=1.0, total_grad_norm=float(np.nansum(norms)),
-                              grad_norm=norms, max_abs=norms, weight_norm=np.ones(layers),
-                              nan_count=zeros, inf_count=zeros,
-                              status=classify(norms, zeros, 1000.0, 1e-7),
-                              param_grad_norm=norms)
+            stats = StepStats(
+                step=step,
+                loss=1.0,
+                total_grad_norm=float(np.nansum(norms)),
+                grad_norm=norms,
+                max_abs=norms,
+                weight_norm=np.ones(layers),
+                nan_count=zeros,
+                inf_count=zeros,
+                status=classify(norms, zeros, 1000.0, 1e-7),
+                param_grad_norm=norms,
+            )
             history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
 
     append(steps)
@@ -69,10 +76,13 @@ def _history(layers: int, steps: int, seed: int = 0):
 def _view(names, history, visible=None, selected=None):
     from gradscope.gui.plots import PlotView, layer_color
 
-    return PlotView(history=history, order=list(names),
-                    visible=set(names if visible is None else visible),
-                    selected_layer=selected,
-                    colors={name: layer_color(i) for i, name in enumerate(names)})
+    return PlotView(
+        history=history,
+        order=list(names),
+        visible=set(names if visible is None else visible),
+        selected_layer=selected,
+        colors={name: layer_color(i) for i, name in enumerate(names)},
+    )
 
 
 def _shown_plot(qtbot, plot_class):
@@ -93,8 +103,9 @@ def test_log_cache_grows_with_new_steps_and_starts_over_after_a_rewind() -> None
     assert cache.update(history) and not cache.update(history)
     full = log10_display(history.matrix("grad_norm")).T.astype(np.float32)
     assert np.array_equal(cache.values[:5, : cache.rows], full, equal_nan=True)
-    assert len(cache.edge_rows) == int((~np.isfinite(full) | (history.matrix("grad_norm").T
-                                                               == 0)).sum())
+    assert len(cache.edge_rows) == int(
+        (~np.isfinite(full) | (history.matrix("grad_norm").T == 0)).sum()
+    )
     resets = cache.resets
     history.rewind_to(30)
     append(40)  # a new branch, as long as before: the old rows must not be kept
@@ -148,8 +159,9 @@ def test_many_layers_are_drawn_together_with_gaps_and_markers(qtbot) -> None:
     assert np.array_equal(lines._low, logged, equal_nan=True)
     assert np.array_equal(lines._high, logged, equal_nan=True)
     palette = lines._palette[lines._color_index]
-    assert len(set(palette.tolist())) == len({_view(names, history).colors[n].rgba()
-                                              for n in names})
+    assert len(set(palette.tolist())) == len(
+        {_view(names, history).colors[n].rgba() for n in names}
+    )
     matrix = history.matrix("grad_norm")
     assert len(plot.markers.points()) == int((~np.isfinite(matrix) | (matrix == 0)).sum())
     # New steps reach the lines; a long history is peak-downsampled to the view's width.
@@ -191,8 +203,15 @@ def test_heatmap_drawn_step_by_step_equals_drawn_at_once(qtbot) -> None:
 def test_nice_rounding_of_the_step_axis_while_running() -> None:
     from gradscope.gui.plots.plot_panel import round_up_to_nice
 
-    assert [round_up_to_nice(v) for v in (0.3, 1, 1.5, 3, 7, 12, 4500)] == \
-        [1, 1, 2, 5, 10, 20, 5000]
+    assert [round_up_to_nice(v) for v in (0.3, 1, 1.5, 3, 7, 12, 4500)] == [
+        1,
+        1,
+        2,
+        5,
+        10,
+        20,
+        5000,
+    ]
 
 
 def test_many_layers_with_few_steps_show_dots(qtbot) -> None:
@@ -220,10 +239,18 @@ def test_markers_of_many_layers_at_one_step_collapse_to_one_per_kind(qtbot) -> N
         norms = np.zeros(layers)  # every layer's gradient is exactly zero...
         if step == 10:
             norms[:5] = np.nan  # ...and five layers go NaN at step 10
-        stats = StepStats(step=step, loss=1.0, total_grad_norm=0.0, grad_norm=norms,
-                          max_abs=norms, weight_norm=np.ones(layers), nan_count=zeros,
-                          inf_count=zeros, status=classify(norms, zeros, 1000.0, 1e-7),
-                          param_grad_norm=norms)
+        stats = StepStats(
+            step=step,
+            loss=1.0,
+            total_grad_norm=0.0,
+            grad_norm=norms,
+            max_abs=norms,
+            weight_norm=np.ones(layers),
+            nan_count=zeros,
+            inf_count=zeros,
+            status=classify(norms, zeros, 1000.0, 1e-7),
+            param_grad_norm=norms,
+        )
         history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
     plot = GradientNormPlot()
     qtbot.addWidget(plot)
@@ -294,10 +321,18 @@ def test_grouped_lines_auto_range_and_keep_every_extreme_value(qtbot) -> None:
         norms = 10.0 ** rng.uniform(-3, 3, layers)
         if step == 1500:
             norms[5], norms[6], norms[7] = 1e30, 1e-12, np.nan
-        stats = StepStats(step=step, loss=1.0, total_grad_norm=1.0, grad_norm=norms,
-                          max_abs=norms, weight_norm=np.ones(layers), nan_count=zeros,
-                          inf_count=zeros, status=classify(norms, zeros, 1e40, 1e-20),
-                          param_grad_norm=norms)
+        stats = StepStats(
+            step=step,
+            loss=1.0,
+            total_grad_norm=1.0,
+            grad_norm=norms,
+            max_abs=norms,
+            weight_norm=np.ones(layers),
+            nan_count=zeros,
+            inf_count=zeros,
+            status=classify(norms, zeros, 1e40, 1e-20),
+            param_grad_norm=norms,
+        )
         history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
     plot = _shown_plot(qtbot, GradientNormPlot)
     plot.refresh(_view(names, history))
@@ -309,8 +344,10 @@ def test_grouped_lines_auto_range_and_keep_every_extreme_value(qtbot) -> None:
         assert top >= 30 and bottom <= -12, (low, high, bottom, top)
         assert any(abs(spot.pos().x() - 1500) < 0.5 for spot in plot.markers.points())
         finite = np.isfinite(lines._low)
-        assert lines.dataBounds(1) == (float(lines._low[finite].min()),
-                                       float(lines._high[finite].max()))
+        assert lines.dataBounds(1) == (
+            float(lines._low[finite].min()),
+            float(lines._high[finite].max()),
+        )
         assert lines.dataBounds(1)[1] == 30 and lines.dataBounds(1)[0] == -12
         # The spike to 1e30 and the dip to 1e-12 are drawn, in their layers' colours.
         for layer, value in ((5, 30.0), (6, -12.0)):

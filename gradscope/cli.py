@@ -795,12 +795,16 @@ _OPEN_CHECK_ROWS = 64
 
 
 def open_command(argv: Sequence[str]) -> int:
-    """``gradscope open RECORDING``: the app on a recording (following it while it is being
-    written). A file that is no readable recording is reported here, before any window."""
+    """``gradscope open RECORDING [MORE...]``: the app on a recording (following it while it
+    is being written), with any further recordings compared on the same axes. A file that
+    is no readable recording is reported here, before any window."""
     parser = argparse.ArgumentParser(
         prog="gradscope open", description="Show a GradScope recording in the app."
     )
     parser.add_argument("recording", help="a .gsrec file written by gradscope.watch(record=...)")
+    parser.add_argument(
+        "compare", nargs="*", help="more recordings, drawn on the same axes to compare runs"
+    )
     parser.add_argument("--screenshot", metavar="PNG", help="save a screenshot and exit")
     args = parser.parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
@@ -821,17 +825,24 @@ def open_command(argv: Sequence[str]) -> int:
             )
             for note in recordings.notes:
                 print(f"note: {note}", file=sys.stderr)
-        with RecordingReader(path) as reader:
-            # A decimated read touches every table the window reads: a damaged file is one
-            # message here, not a dialog after the window opened.
-            reader.load(max_rows=_OPEN_CHECK_ROWS)
+        # A decimated read touches every table the window reads: a damaged file is one
+        # message here, not a dialog after the window opened.
+        for each in (path, *args.compare):
+            with RecordingReader(each) as reader:
+                reader.load(max_rows=_OPEN_CHECK_ROWS)
     except GradScopeError as error:
         _print_error(error)
         return EXIT_BAD_INPUT
     launch = _app_launcher()
     if launch is None:
         return EXIT_BAD_INPUT
-    return launch(model=None, overrides={}, screenshot=args.screenshot, recording=path)
+    return launch(
+        model=None,
+        overrides={},
+        screenshot=args.screenshot,
+        recording=path,
+        compare=list(args.compare),
+    )
 
 
 def _attach_parser() -> argparse.ArgumentParser:

@@ -104,9 +104,11 @@ def offer_reopen(window: Any, script: str, overrides: dict[str, Any],
 
 
 def launch(model: str | None, overrides: dict[str, Any], weights: str | None = None,
-           screenshot: str | None = None, recording: str | None = None) -> int:
+           screenshot: str | None = None, recording: str | None = None,
+           compare: list[str] | None = None) -> int:
     """Open the window on ``model`` (or the last one, or the default sample), or on a
-    ``recording`` (``gradscope open RECORDING``)."""
+    ``recording`` (``gradscope open RECORDING``) with the ``compare`` recordings drawn on
+    the same axes."""
     from gradscope.gui.system_check import startup_problem
 
     problem = startup_problem()
@@ -158,6 +160,9 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     if recording is not None:
         if not window.recordings.open_recording(recording):
             exit_code["value"] = 2
+        for other in compare or ():
+            if not window.comparison.add_recording(other):
+                exit_code["value"] = 2
         if screenshot is not None:
             QTimer.singleShot(800, save_and_quit)
     if source is not None:

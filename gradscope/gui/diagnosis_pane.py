@@ -80,6 +80,9 @@ class DiagnosisPane(QWidget):
     def show_origin(self, origin: Origin | None) -> None:
         self.origin = origin
         self.highlighted_line = None
+        # The last origin's highlighted line goes with its file (it stayed, an empty pink
+        # line, when the next origin had no source).
+        self.source.setExtraSelections([])
         if origin is None:
             self.summary.setText("No NaN/Inf so far.")
             self.location.setText("")
@@ -91,7 +94,7 @@ class DiagnosisPane(QWidget):
         self.summary.setText(summary)
         self._balance()
         if not origin.file:
-            self.location.setText("(no source line: the operation ran outside Python code)")
+            self.location.setText(_no_line_reason(origin))
             self.source.setPlainText("")
             return
         self.location.setText(f"{display_path(origin.file)}:{origin.line}")
@@ -128,3 +131,14 @@ class DiagnosisPane(QWidget):
         self.source.setTextCursor(cursor)
         self.source.centerCursor()
         self.highlighted_line = block.blockNumber() + 1
+
+
+def _no_line_reason(origin: Origin) -> str:
+    """Why an origin names no line of the user's code, in the words that fit it."""
+    if origin.phase == "input":
+        return "(no source line: the NaN/Inf came in the batch, your data)"
+    if (origin.details.get("evidence") or {}).get("default_loss"):
+        return "(no source line: GradScope's default loss made it; your script has no loss_fn)"
+    if origin.phase == "unknown":
+        return "(no source line: the origin was not located)"
+    return "(no source line: the operation ran where the tracer saw no Python line of yours)"

@@ -209,15 +209,30 @@ class ModelDialog(QDialog):
             if needle.startswith(prefix) and self.prefix() != prefix:
                 self.library.setCurrentIndex(self.library.findData(prefix))
                 return
-        first = None
+        first = exact = None
         for row in range(self.list.count()):
             item = self.list.item(row)
-            hidden = needle not in item.text().lower()
+            name = item.text().lower()
+            hidden = needle not in name
             item.setHidden(hidden)
             if not hidden and first is None:
                 first = row
-        if first is not None:
-            self.list.setCurrentRow(first)
+            if exact is None and needle and name in (needle, self.prefix() + needle):
+                exact = row
+        # Enter takes the name typed in full, or else the first one that matches; with
+        # nothing typed nothing is chosen (the first of a list can be a billion-parameter
+        # model).
+        chosen = exact if exact is not None else first if needle else None
+        if chosen is None:
+            self.list.setCurrentRow(-1)
+        else:
+            self.list.setCurrentRow(chosen)
+
+    def showEvent(self, event: object) -> None:
+        super().showEvent(event)
+        # Typing goes to the search (it went to the library box, and Enter opened the first
+        # torchvision model whatever was typed).
+        self.search.setFocus(Qt.FocusReason.OtherFocusReason)
 
     def selected_name(self) -> str | None:
         item = self.list.currentItem()

@@ -61,8 +61,14 @@ def collapse_words(scale: float) -> str:
 
 def origin_html(origin: Origin) -> str:
     """The origin's fields for the banner above the list."""
-    where = ("outside the model (loss code)" if origin.module is None
-             else f"<b>{origin.module or '(model root)'}</b>")
+    if origin.phase == "input":
+        where = "none: in the batch (your data), not in the model or the loss"
+    elif (origin.details.get("evidence") or {}).get("default_loss"):
+        where = "GradScope's default loss (your script has no loss_fn)"
+    elif origin.module is None:
+        where = "outside the model (loss code)"
+    else:
+        where = f"<b>{origin.module or '(model root)'}</b>"
     parts = []
     collapse = scale_collapse(origin)
     if collapse is not None:

@@ -17,6 +17,7 @@ from PySide6.QtGui import (
     QAction,
     QCloseEvent,
     QColor,
+    QDesktopServices,
     QDragEnterEvent,
     QDropEvent,
     QKeySequence,
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
@@ -48,6 +50,8 @@ from gradscope.gui import shortcuts
 from gradscope.gui.dialogs import ErrorDialog, ModelDialog, show_about
 from gradscope.gui.events_panel import EventsPanel
 from gradscope.gui.garbage_collection import collect_on_gui_thread
+from gradscope.gui.help_links import app_section_url
+from gradscope.gui.layer_tree_actions import LayerTreeActions
 from gradscope.gui.mixed_precision import PrecisionSummary
 from gradscope.gui.module_tree_model import (
     GRAD_NORM,
@@ -60,12 +64,14 @@ from gradscope.gui.module_tree_model import (
     ModuleTreeModel,
 )
 from gradscope.gui.plots import PlotPanel, PlotView, layer_color
-from gradscope.gui.recordings import RecordingController
+from gradscope.gui.recordings import RecordingController, runs_folder
+from gradscope.gui.run_comparison import RunComparison
 from gradscope.gui.selection import Selection
 from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
 from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.status_style import STATUS_COLORS, format_value
 from gradscope.gui.step_debugger import StepDebugger
+from gradscope.gui.window_geometry import fit_to_screen
 from gradscope.gui.worker import (
     LoadRequest,
     ModelLoaded,
@@ -103,7 +109,7 @@ _STATE_TEXT = {
     "done": ("Finished", "#2c7a2c"),
     "stopped": ("Stopped", "#666"),
     "pausing": ("Pausing after this step…", "#a05a00"),
-    "stopping": ("Stopping after this step…", "#666"),
+    "stopping": ("Stopping: the step going on is abandoned…", "#666"),
     "failed": ("Error", "#c00000"),
     "step_failed": ("Step failed", "#c00000"),
 }
@@ -142,6 +148,7 @@ class MainWindow(QMainWindow):
         self._colors: dict[str, Any] = {}
         self._layer_order: list[str] = []
         self._layout_done = False
+        self._fit_after_show = False  # see restore_geometry
         self._next_refresh = 0.0
         self._last_refresh = 0.0
         self._redraw_cost = 0.0
@@ -173,6 +180,14 @@ class MainWindow(QMainWindow):
         self.debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
         self.recordings = RecordingController(self)
         self.recordings.install_menus(self.file_menu, self.view_menu)
+        self.comparison = RunComparison(
+            self, runs_folder, lambda text: self.statusBar().showMessage(text, 8000)
+        )
+        self.comparison.runs_changed.connect(self._on_comparison_runs_changed)
+        self.debugger.on_branch_abandoned = self.comparison.add_run
+        recent = self.recent_menu.menuAction()
+        self.file_menu.insertAction(recent, self.comparison.add_action)
+        self.file_menu.insertAction(recent, self.comparison.clear_action)
         # Application shortcuts work wherever the focus is (a text field's Ctrl+Z included).
         self.shortcut_router = shortcuts.install(self)
         self._update_actions()
@@ -222,7 +237,14 @@ class MainWindow(QMainWindow):
         layers = QWidget()
         layout = QVBoxLayout(layers)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.filter_edit)
+        self.layer_actions = LayerTreeActions(
+            self, self.tree_view, self.tree_model, self.tree_proxy, self.filter_edit,
+            self._ask_statistics_csv)
+        filter_row = QHBoxLayout()
+        filter_row.addWidget(self.filter_edit, 1)
+        filter_row.addWidget(self.layer_actions.tick_matching_button)
+        layout.addLayout(filter_row)
+        self.plots.layer_menu_requested.connect(self.layer_actions.popup_for)
         layout.addWidget(self.tree_view, 1)
         hint = QLabel("Tick the layers to watch; red rows: NaN/Inf, orange: exploding, "
                       "blue: vanishing.")
@@ -316,6 +338,11 @@ class MainWindow(QMainWindow):
         self.about_action = self._action("&About GradScope", lambda: show_about(self))
         self.shortcuts_action = self._action("&Keyboard shortcuts", self.show_shortcuts, "F1",
                                              tip="Every keyboard shortcut of the window")
+        self.app_help_url = app_section_url()
+        self.app_help_action = self._action(
+            "&Using the app (README)", self._on_app_help_action_triggered,
+            tip="The README's section on the app: plots, comparing runs, recordings")
+        self.app_help_action.setEnabled(self.app_help_url is not None)
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
@@ -325,7 +352,7 @@ class MainWindow(QMainWindow):
         self.samples_menu = file_menu.addMenu("Open &sample")
         self.samples_menu.aboutToShow.connect(self._fill_samples_menu)
         self._fill_samples_menu()
-        self.recent_menu = file_menu.addMenu("&Recent")
+        self.recent_menu = file_menu.addMenu("Recent &models")
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
         self._fill_recent_menu()
         file_menu.addSeparator()
@@ -351,6 +378,7 @@ class MainWindow(QMainWindow):
         view_menu.addAction(self.collapse_action)
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(self.shortcuts_action)
+        help_menu.addAction(self.app_help_action)
         help_menu.addAction(self.about_action)
 
     def _build_toolbar(self) -> None:
@@ -450,6 +478,10 @@ class MainWindow(QMainWindow):
         overrides["layers"] = self.tree_model.watched_layers() if self.tree_model.tree else None
         self.open_model(self.source, overrides, self.weights, run_after_load=run_after_load)
 
+    def _on_app_help_action_triggered(self) -> None:
+        if self.app_help_url is not None:
+            QDesktopServices.openUrl(self.app_help_url)
+
     def show_shortcuts(self) -> shortcuts.ShortcutsDialog:
         dialog = shortcuts.ShortcutsDialog(self)
         dialog.open()
@@ -475,7 +507,7 @@ class MainWindow(QMainWindow):
 
     def export_svg(self, path: str) -> bool:
         """The plots as Qt paints them, into an SVG file (pyqtgraph's own SVG exporter fails
-        under this Qt: see gradscope.gui.plots)."""
+        under this Qt: see gradscope.gui.plots.plot_widget)."""
         from PySide6.QtSvg import QSvgGenerator
 
         generator = QSvgGenerator()
@@ -532,8 +564,17 @@ class MainWindow(QMainWindow):
             self.grab()
         return self.grab().save(path)
 
+    def _fit_to_screen(self) -> None:
+        fit_to_screen(self)
+
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
+        if self._fit_after_show:
+            self._fit_after_show = False
+            fit_to_screen(self)
+            # With the window as the timer's context: a window closed before (a test, a
+            # quick quit) cancels it.
+            QTimer.singleShot(300, self, self._fit_to_screen)
         if not self._layout_done:
             self._layout_done = True
             if not self._state_restored:
@@ -571,6 +612,8 @@ class MainWindow(QMainWindow):
         self.debugger.show_recording(history.first_nonfinite)
         self.settings_panel.set_settings(settings, running=settings)
         self.settings_panel.set_read_only(True)
+        self.settings_panel.set_image_size_applies(False)
+        self.debugger.follow_trace_setting(False)
         self.settings_panel.set_notes([])
         self.setWindowTitle(f"GradScope — {display_name}")
         self.model_label.setText(display_name)
@@ -593,6 +636,10 @@ class MainWindow(QMainWindow):
         self.settings_trail = SettingsTrail(payload.settings)
         self.settings_panel.set_read_only(False)
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
+        source = payload.source
+        self.settings_panel.set_image_size_applies(
+            not source.endswith(".py") and not source.startswith("hf:"))
+        self.debugger.follow_trace_setting(bool(getattr(payload.settings, "trace", False)))
         self.settings_panel.set_layers(payload.settings.layers)
         last = self._persisted_overrides(payload.source) if self.persist else {}
         self.settings_panel.set_script_defaults(payload.script_settings, last)
@@ -718,6 +765,7 @@ class MainWindow(QMainWindow):
         self._dirty = True
 
     def _on_settings_panel_settings_edited(self, settings: RunSettings) -> None:
+        self.debugger.follow_trace_setting(bool(getattr(settings, "trace", False)))
         if self.loaded is not None:
             self.run_thread.queue_settings(settings)
         if self.persist and self.source and self._loaded_settings is not None:
@@ -834,12 +882,29 @@ class MainWindow(QMainWindow):
             flow=self.debugger.flow_override,
             flow_title=self.debugger.flow_title,
             live=self.state == "running",
+            run_name=self.model_label.text(),
+            compared=self.comparison.runs,
+            empty_hint=self._empty_hint(),
         )
         self.plots.refresh(view)
         self._refresh_tree_values(step)
         self.events_panel.update_events(history.events, history.first_nonfinite)
         self._show_origin()
         self._refresh_status_bar()
+
+    def _empty_hint(self) -> str:
+        """What the empty plots tell the user to do."""
+        if self.state == "recording":
+            return "No steps recorded yet: following the recording as its writer adds them."
+        if self.loaded is not None and self.state not in ("loading", "failed"):
+            return "No steps yet: press Run (F5) to train, or Step (F10) for one step."
+        if self.state == "loading":
+            return "Loading the model…"
+        return "Open a model script (Ctrl+O), a model by name or a recording (File menu)."
+
+    def _on_comparison_runs_changed(self) -> None:
+        self.plots.follow_range = True  # the step axis takes in every run compared
+        self._refresh()
 
     def _refresh_tree_values(self, step: int | None) -> None:
         history = self.history
@@ -870,6 +935,8 @@ class MainWindow(QMainWindow):
                 self.selected_layer = module
                 self._select_tree_row(module)
             self.plots.show_selection(self.selected_layer, origin.step)
+            # Also when it arrived without a pause (a followed recording): Diagnosis too.
+            self.debugger.show_origin(origin)
             self._dirty = True
 
     def _select_tree_row(self, name: str) -> None:
@@ -960,16 +1027,17 @@ class MainWindow(QMainWindow):
         self.run_action.setEnabled(has_model and state in ("ready", "paused", "halted", "done",
                                                            "stopped", "failed", "before_apply",
                                                            "step_failed"))
+        # Nothing to continue before a first step that worked (the first one failed).
+        resumable = state in ("paused", "halted", "before_apply", "step_failed")
         self.run_action.setText(
-            "&Continue" if state in ("paused", "halted", "before_apply", "step_failed")
-            else "&Run")
+            "&Continue" if resumable and self.history.count else "&Run")
         self.pause_action.setEnabled(state == "running")
         self.step_action.setEnabled(
             has_model and state in ("ready", "paused", "halted", "done", "before_apply",
                                     "step_failed"))
+        # A finished run has nothing to stop.
         self.stop_action.setEnabled(has_model and state in ("running", "paused", "halted",
-                                                            "done", "before_apply",
-                                                            "step_failed"))
+                                                            "before_apply", "step_failed"))
         self.restart_action.setEnabled(has_model and state != "loading")
         self.export_png_action.setEnabled(self.history.count > 0 or state != "empty")
         self.export_csv_action.setEnabled(True)
@@ -1048,6 +1116,11 @@ class MainWindow(QMainWindow):
         restored = isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)
         if isinstance(state, QByteArray):
             self._state_restored = self.restoreState(state)
+        if restored:
+            fit_to_screen(self)
+            # The window frame's size is known only once the window is shown (on X11 a
+            # little later still): fitted again then.
+            self._fit_after_show = True
         return bool(restored)
 
     # -- Qt events -----------------------------------------------------------------------

@@ -34,6 +34,7 @@ from gradscope.gui.status_style import (
     status_color,
     status_icon,
     status_label,
+    status_tooltip,
 )
 
 NAME, TYPE, PARAMS, GRAD_NORM, STATUS = range(5)
@@ -118,6 +119,25 @@ class ModuleTreeModel(QAbstractItemModel):
             self._watched = watched
             self._changed_everywhere(NAME, NAME)
 
+    def edit_watched(self, names: Iterable[str], only: bool = False) -> None:
+        """The user's edit of many rows at once: watch ``names`` (their subtrees) too, or
+        with ``only`` nothing else; told as one ``watched_layers_edited``."""
+        expanded = self._expand(names)
+        watched = expanded if only else self._watched | expanded
+        if watched != self._watched:
+            self._watched = watched
+            self._changed_everywhere(NAME, NAME)
+            self.watched_layers_edited.emit(self.watched_layers())
+
+    def matching_modules(self, text: str) -> list[str]:
+        """Modules whose name or type holds ``text`` (the filter box's rule)."""
+        needle = text.strip().lower()
+        if not needle:
+            return []
+        return [
+            n.name for n in self._nodes if needle in n.name.lower() or needle in n.type_name.lower()
+        ]
+
     def watched_layers(self) -> list[str]:
         """Checked layers in the tree's (forward registration) order."""
         return [n.name for n in self._nodes if n.own_params > 0 and n.name in self._watched]
@@ -130,8 +150,7 @@ class ModuleTreeModel(QAbstractItemModel):
             worst = _NO_STATUS
             for child in self._nodes[i].children:
                 c = self._id[id(child)]
-                worst = max(worst, inside[c], statuses.get(child.name, _NO_STATUS),
-                            key=severity)
+                worst = max(worst, inside[c], statuses.get(child.name, _NO_STATUS), key=severity)
             inside[i] = worst
         self._inside = inside
         self._changed_everywhere(NAME, STATUS)
@@ -322,7 +341,7 @@ class ModuleTreeModel(QAbstractItemModel):
             lines.append(f"{node.total_params:,} parameters ({node.own_params:,} own)")
         if own != _NO_STATUS:
             value = self._norm.get(node.name, math.nan)
-            lines.append(f"gradient norm {format_value(value)}: {status_label(own)}")
+            lines.append(f"gradient norm {format_value(value)}: {status_tooltip(own)}")
         elif self._inside[i] > STATUS_OK:
             lines.append(f"a layer inside is {status_label(self._inside[i])}")
         if is_origin:

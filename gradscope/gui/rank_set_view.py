@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import QComboBox, QLabel
+from PySide6.QtWidgets import QComboBox, QLabel, QToolBar
 
 from gradscope.core.rank_facts import first_nonfinite_rank, rank_lines
 
 if TYPE_CHECKING:
     from gradscope.core.recording.rank_set import LoadedSet
-    from gradscope.gui.main_window import MainWindow
+    from gradscope.gui.events_panel import EventsPanel
 
 # Ranks' loss curves: distinct from the shown rank's black curve and the status red.
 _RANK_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
@@ -29,11 +29,21 @@ def rank_color(rank: int) -> str:
 
 
 class RankSetView(QObject):
+    """Given the widgets it adds to and writes into (the toolbar, the loss plot, the events
+    panel), not the window: it needs nothing of the window's module."""
+
     rank_chosen = Signal(int)
 
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
-        self.window = window
+    def __init__(
+        self,
+        parent: QObject,
+        toolbar: QToolBar,
+        loss_item: pg.PlotItem,
+        events_panel: EventsPanel,
+    ) -> None:
+        super().__init__(parent)
+        self._loss_item = loss_item
+        self._events_panel = events_panel
         self.loaded: LoadedSet | None = None
         self.shown_rank: int | None = None
         self.label = QLabel("Rank:")
@@ -43,12 +53,10 @@ class RankSetView(QObject):
             "Each rank of the distributed run wrote its own recording: choose the one to show"
         )
         self.combo.setMinimumContentsLength(18)
-        toolbar = window.toolbar
         self._label_action = toolbar.addWidget(self.label)
         self._combo_action = toolbar.addWidget(self.combo)
         self._set_visible(False)
         self.combo.activated.connect(self._on_combo_activated)
-        loss_item = window.plots.loss.item
         self.legend = pg.LegendItem(offset=(-10, 10), labelTextSize="8pt", verSpacing=-6)
         self.legend.setParentItem(loss_item.vb)
         self.legend.setVisible(False)
@@ -84,7 +92,7 @@ class RankSetView(QObject):
             else html.escape(line)
             for line in lines
         )
-        self.window.events_panel.set_rank_note(f"<b>{head}</b>, showing rank {rank}<br>{body}")
+        self._events_panel.set_rank_note(f"<b>{head}</b>, showing rank {rank}<br>{body}")
 
     def _draw_losses(self, loaded: LoadedSet, shown: int) -> None:
         self.legend.clear()
@@ -95,7 +103,7 @@ class RankSetView(QObject):
             curve = self.curves.get(facts.rank)
             if curve is None:
                 curve = pg.PlotDataItem(connect="finite")
-                self.window.plots.loss.item.addItem(curve)
+                self._loss_item.addItem(curve)
                 self.curves[facts.rank] = curve
             losses = np.array([np.nan if v is None else v for v in facts.losses], dtype=float)
             width = 2.2 if facts.rank == shown else 1.2
@@ -119,7 +127,7 @@ class RankSetView(QObject):
         for curve in self.curves.values():
             curve.setData([])
             curve.setVisible(False)
-        self.window.events_panel.set_rank_note("")
+        self._events_panel.set_rank_note("")
 
     def _on_combo_activated(self, index: int) -> None:
         rank = self.combo.itemData(index)

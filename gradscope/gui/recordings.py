@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QObject, QStandardPaths, QTimer, Signal, Slot
 from PySide6.QtGui import QAction
@@ -19,13 +19,40 @@ from gradscope.core.module_tree import ModuleTree
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.core.watch import LayerInfo
 from gradscope.gui.dialogs import ErrorDialog
+from gradscope.gui.rank_set_view import RankSetView
 from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.worker import ModelLoaded, StepsFinished
 
 if TYPE_CHECKING:
     from gradscope.core.history import RunHistory
     from gradscope.core.recording import RecordingReader, RecordingWriter
-    from gradscope.gui.main_window import MainWindow
+
+
+class RecordingsWindow(Protocol):
+    """What the recordings controller uses of the app's window. The window passes itself; naming
+    what is used here keeps this module from importing the window's module, which imports
+    this one."""
+
+    state: Any
+    persist: Any
+    history: Any
+    debugger: Any
+    toolbar: Any
+    run_thread: Any
+    recent_menu: Any
+    preferences: Any
+    plots: Any
+    model_loaded: Any
+    events_panel: Any
+    _dirty: Any
+    _action: Any
+
+    def statusBar(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def show_recorded_run(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def error_dialog(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 FOLLOW_INTERVAL_MS = 500
 RECORDING_HINT = ("The app keeps running; what it showed stays on screen. Open another "
@@ -36,12 +63,24 @@ SUFFIX = ".gsrec"
 
 
 def runs_folder() -> Path:
-    """Where the app records its runs: ``GRADSCOPE_RUNS_DIR`` or the per-user data folder."""
+    """Where the app records its runs: ``GRADSCOPE_RUNS_DIR`` or the per-user data folder,
+    ``<data>/GradScope/runs`` (Qt's AppDataLocation names the organisation and the app,
+    both GradScope: ``GradScope/GradScope``)."""
     override = os.environ.get("GRADSCOPE_RUNS_DIR")
     if override:
         return Path(override)
-    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
-    return Path(base or Path.home() / ".gradscope") / "runs"
+    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.GenericDataLocation)
+    return (Path(base) / "GradScope" if base else Path.home() / ".gradscope") / "runs"
+
+
+def recording_stem(source: str) -> str:
+    """A file name part for the model a run records: the script's stem, or a model name
+    without the characters a file name should not hold (``timm:resnet18`` -> ``timm-resnet18``,
+    ``hf:./my/model`` -> ``hf-my-model``)."""
+    if source.endswith(".py"):
+        return Path(source).stem
+    cleaned = "".join(c if c.isalnum() or c in "_-" else "-" for c in source)
+    return "-".join(part for part in cleaned.split("-") if part) or "model"
 
 
 def _settings_of(recorded: dict[str, Any]) -> RunSettings:
@@ -65,7 +104,7 @@ class RecordingController(QObject):
     recording_opened = Signal(object)  # Path
     steps_followed = Signal(int)  # how many new steps follow mode added
 
-    def __init__(self, window: MainWindow) -> None:
+    def __init__(self, window: RecordingsWindow) -> None:
         super().__init__(window)
         self.window = window
         self.preferences = window.preferences
@@ -95,9 +134,9 @@ class RecordingController(QObject):
         self.follow_timer.setInterval(FOLLOW_INTERVAL_MS)
         self.follow_timer.timeout.connect(self._on_follow_timer_timeout)
 
-        from gradscope.gui.rank_set_view import RankSetView
-
-        self.rank_view = RankSetView(window)
+        self.rank_view = RankSetView(
+            self, window.toolbar, window.plots.loss.item, window.events_panel
+        )
         self.rank_view.rank_chosen.connect(self._on_rank_view_rank_chosen)
         window.model_loaded.connect(self._on_window_model_loaded)
         window.run_thread.worker.steps_finished.connect(self._on_worker_steps_finished)
@@ -107,7 +146,7 @@ class RecordingController(QObject):
         actions = file_menu.actions()
         anchor = next((a for a in actions if a.menu() is self.window.recent_menu), None)
         file_menu.insertAction(anchor, self.open_action)
-        self.recent_runs_menu = file_menu.addMenu("Recent r&uns")
+        self.recent_runs_menu = file_menu.addMenu("Recent recorded r&uns")
         file_menu.insertMenu(anchor, self.recent_runs_menu)
         self.recent_runs_menu.aboutToShow.connect(self._fill_recent_runs_menu)
         file_menu.insertAction(anchor, self.record_action)
@@ -131,7 +170,7 @@ class RecordingController(QObject):
         from gradscope.core.recording import RecordingWriter
 
         folder = runs_folder()
-        stem = Path(payload.source).stem if payload.source.endswith(".py") else payload.source
+        stem = recording_stem(payload.source)
         path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}{SUFFIX}"
         try:
             folder.mkdir(parents=True, exist_ok=True)

@@ -29,10 +29,16 @@ from PySide6.QtWidgets import (
 from gradscope.core.settings import OPTIMIZERS, SETTING_NAMES, RunSettings
 from gradscope.gui.worker import RESTART_SETTINGS
 
-AMP_CHOICES = (("off (float32)", ""), ("bf16 (autocast)", "bf16"),
-               ("fp16 (autocast + GradScaler)", "fp16"))
-_RESTART_WORDS = {"amp": "mixed precision", "amp_init_scale": "initial loss scale",
-                  "image_size": "image size"}
+AMP_CHOICES = (
+    ("off (float32)", ""),
+    ("bf16 (autocast)", "bf16"),
+    ("fp16 (autocast + GradScaler)", "fp16"),
+)
+_RESTART_WORDS = {
+    "amp": "mixed precision",
+    "amp_init_scale": "initial loss scale",
+    "image_size": "image size",
+}
 
 
 def architecture_note(architecture: dict) -> str:
@@ -103,7 +109,17 @@ class NumberEdit(QLineEdit):
 
 
 def _describe(values: dict[str, object]) -> str:
-    return ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in values.items())
+    """``lr 0.001, trace on``: values as the panel says them, not as Python prints them
+    (it read "trace True")."""
+
+    def said(value: object) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if value is None:
+            return "off"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    return ", ".join(f"{name.replace('_', ' ')} {said(value)}" for name, value in values.items())
 
 
 def _describe_names(names: set[str], order: dict[str, object]) -> str:
@@ -151,8 +167,9 @@ class SettingsPanel(QScrollArea):
         self.momentum = NumberEdit()
         self.weight_decay = NumberEdit()
         self.loss_scale = NumberEdit(minimum=-math.inf)
-        self.loss_scale.setToolTip("the loss is multiplied by this (large values provoke\n"
-                                   "explosion)")
+        self.loss_scale.setToolTip(
+            "the loss is multiplied by this (large values provoke\nexplosion)"
+        )
         self.clip_enabled = QCheckBox("clip to")
         self.clip = NumberEdit(minimum=1e-300)
         self.clip.set_value(1.0)
@@ -172,8 +189,10 @@ class SettingsPanel(QScrollArea):
         self.amp = QComboBox()
         for label, value in AMP_CHOICES:
             self.amp.addItem(label, value)
-        self.amp.setToolTip("autocast the forward and the loss; fp16 adds a GradScaler\n"
-                            "(its skipped steps are shown in purple, not as NaN/Inf)")
+        self.amp.setToolTip(
+            "autocast the forward and the loss; fp16 adds a GradScaler\n"
+            "(its skipped steps are shown in purple, not as NaN/Inf)"
+        )
         self.amp_init_scale = NumberEdit(minimum=1e-300)
         self.amp_init_scale.setToolTip("the GradScaler's first loss scale (fp16 only)")
         self.explode_threshold = NumberEdit()
@@ -183,18 +202,20 @@ class SettingsPanel(QScrollArea):
         self.pause_at_nonfinite = QCheckBox("pause at the first NaN/Inf")
         self.pause_at_nonfinite.setToolTip(
             "like a breakpoint: the step's optimizer update is not applied, so weights and "
-            "gradients stay as they were (off: keep going)")
+            "gradients stay as they were (off: keep going)"
+        )
         self.update_ratio = QCheckBox("measure update ratio ‖Δw‖/‖w‖")
         # Newer engine settings, shown when the engine has them.
-        self.trace = QCheckBox("trace forward/backward order") if "trace" in SETTING_NAMES \
-            else None
+        self.trace = QCheckBox("trace forward/backward order") if "trace" in SETTING_NAMES else None
         self.rewind_depth = QSpinBox() if "rewind_depth" in SETTING_NAMES else None
         if self.trace is not None:
             self.trace.setToolTip("record the order of forward and backward events each step")
         if self.rewind_depth is not None:
             self.rewind_depth.setRange(0, 1000)
-            self.rewind_depth.setToolTip("steps the run can go back to (keeps a copy of the "
-                                         "weights and optimizer state per step)")
+            self.rewind_depth.setToolTip(
+                "steps the run can go back to (keeps a copy of the "
+                "weights and optimizer state per step)"
+            )
 
         restart = " ⟳"
         form.addRow("Device" + restart, self.device)
@@ -208,6 +229,7 @@ class SettingsPanel(QScrollArea):
         form.addRow("Gradient clip", clip_row)
         form.addRow("Seed" + restart, self.seed)
         form.addRow("Image size" + restart, self.image_size)
+        self._form = form
         form.addRow("Mixed precision" + restart, self.amp)
         form.addRow("Initial loss scale" + restart, self.amp_init_scale)
         form.addRow("Explode above", self.explode_threshold)
@@ -223,8 +245,10 @@ class SettingsPanel(QScrollArea):
         self.model_notes.setStyleSheet("color: #a05a00;")
         self.model_notes.hide()
         outer.insertWidget(0, self.model_notes)
-        self.read_only_note = QLabel("The settings the recorded run started with (read-only); "
-                                     "changes during the run are listed in Events.")
+        self.read_only_note = QLabel(
+            "The settings the recorded run started with (read-only); "
+            "changes during the run are listed in Events."
+        )
         self.read_only_note.setWordWrap(True)
         self.read_only_note.setStyleSheet("color: #444; font-weight: bold;")
         self.read_only_note.hide()
@@ -233,13 +257,22 @@ class SettingsPanel(QScrollArea):
         self.form = form
         # Each setting's widget, for the marks of values that differ from the script's.
         self._fields: dict[str, QWidget] = {
-            "device": self.device, "steps": self.steps, "batch_size": self.batch_size,
-            "optimizer": self.optimizer, "lr": self.lr, "momentum": self.momentum,
-            "weight_decay": self.weight_decay, "loss_scale": self.loss_scale,
-            "clip": clip_row, "seed": self.seed, "image_size": self.image_size,
-            "amp": self.amp, "amp_init_scale": self.amp_init_scale,
+            "device": self.device,
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
+            "loss_scale": self.loss_scale,
+            "clip": clip_row,
+            "seed": self.seed,
+            "image_size": self.image_size,
+            "amp": self.amp,
+            "amp_init_scale": self.amp_init_scale,
             "explode_threshold": self.explode_threshold,
-            "vanish_threshold": self.vanish_threshold, "keep_going": self.pause_at_nonfinite,
+            "vanish_threshold": self.vanish_threshold,
+            "keep_going": self.pause_at_nonfinite,
             "update_ratio": self.update_ratio,
         }
         if self.trace is not None:
@@ -250,8 +283,9 @@ class SettingsPanel(QScrollArea):
         self._script: RunSettings | None = None
         buttons = QHBoxLayout()
         self.reset_button = QPushButton("Reset to script defaults")
-        self.reset_button.setToolTip("Back to the values of the script's CONFIG (and the "
-                                     "app's defaults under it)")
+        self.reset_button.setToolTip(
+            "Back to the values of the script's CONFIG (and the app's defaults under it)"
+        )
         self.reset_button.setEnabled(False)
         self.reset_button.clicked.connect(self.reset_to_script)
         buttons.addWidget(self.reset_button)
@@ -263,14 +297,16 @@ class SettingsPanel(QScrollArea):
         outer.addWidget(self.overrides_note)
         self.last_overrides_button = QPushButton("")
         self.last_overrides_button.setToolTip(
-            "Apply the values you changed the last time you used this model")
+            "Apply the values you changed the last time you used this model"
+        )
         self.last_overrides_button.hide()
         self.last_overrides_button.clicked.connect(self._on_last_overrides_button_clicked)
         self._last_overrides: dict[str, object] = {}
         outer.addWidget(self.last_overrides_button)
         note = QLabel(
             "Changes apply from the next step, also while paused. "
-            "⟳ marks settings that take effect at the next restart (Run ▸ Restart).")
+            "⟳ marks settings that take effect at the next restart (Run ▸ Restart)."
+        )
         note.setWordWrap(True)
         note.setStyleSheet("color: #666;")
         outer.addWidget(note)
@@ -289,8 +325,16 @@ class SettingsPanel(QScrollArea):
         for spin in spins:
             spin.editingFinished.connect(self._on_widget_edited)
             spin.valueChanged.connect(self._on_spin_changed)
-        for edit in (self.lr, self.momentum, self.weight_decay, self.loss_scale, self.clip,
-                     self.explode_threshold, self.vanish_threshold, self.amp_init_scale):
+        for edit in (
+            self.lr,
+            self.momentum,
+            self.weight_decay,
+            self.loss_scale,
+            self.clip,
+            self.explode_threshold,
+            self.vanish_threshold,
+            self.amp_init_scale,
+        ):
             edit.value_edited.connect(self._on_widget_edited)
         self.amp.currentIndexChanged.connect(self._on_amp_changed)
         for combo in (self.device, self.optimizer, self.amp):
@@ -320,8 +364,7 @@ class SettingsPanel(QScrollArea):
                 item = model.item(self.device.count() - 1)
                 item.setEnabled(False)
                 item.setToolTip("no CUDA device here (CPU-only torch build or no usable GPU)")
-        self.device.setToolTip(
-            "CUDA devices present: " + (", ".join(cuda) if cuda else "none"))
+        self.device.setToolTip("CUDA devices present: " + (", ".join(cuda) if cuda else "none"))
 
     # -- values --------------------------------------------------------------------------
     def set_settings(self, settings: RunSettings, running: RunSettings | None = None) -> None:
@@ -393,8 +436,9 @@ class SettingsPanel(QScrollArea):
         )
 
     # -- the script's values and the user's overrides ------------------------------------
-    def set_script_defaults(self, script: RunSettings | None,
-                            last_overrides: dict[str, object] | None = None) -> None:
+    def set_script_defaults(
+        self, script: RunSettings | None, last_overrides: dict[str, object] | None = None
+    ) -> None:
         """The script's own values (its CONFIG over the app's defaults): values that differ
         are marked as the user's. ``last_overrides``: what the user changed the last time
         this model was used, offered (never applied by itself)."""
@@ -402,11 +446,15 @@ class SettingsPanel(QScrollArea):
         self._last_overrides = {}
         if script is not None and last_overrides:
             current = self.settings()
-            self._last_overrides = {name: value for name, value in last_overrides.items()
-                                    if getattr(current, name, value) != value}
+            self._last_overrides = {
+                name: value
+                for name, value in last_overrides.items()
+                if getattr(current, name, value) != value
+            }
         if self._last_overrides:
             self.last_overrides_button.setText(
-                "Use my last changes: " + _describe(self._last_overrides))
+                "Use my last changes: " + _describe(self._last_overrides)
+            )
         self.last_overrides_button.setVisible(bool(self._last_overrides))
         self._update_override_marks()
 
@@ -455,7 +503,9 @@ class SettingsPanel(QScrollArea):
         self.reset_button.setEnabled(bool(changed) and not self.read_only)
         self.overrides_note.setText(
             f"Changed from the script (blue): {_describe_names(changed, self._fields)}"
-            if changed else "")
+            if changed
+            else ""
+        )
 
     def set_notes(self, notes: list[str], architecture: dict | None = None) -> None:
         """What the loader or the app chose for this model (an image size it needs, CPU
@@ -467,19 +517,45 @@ class SettingsPanel(QScrollArea):
         self.model_notes.setText("\n".join(notes))
         self.model_notes.setVisible(bool(notes))
 
+    def set_image_size_applies(self, applies: bool) -> None:
+        """Offer Image size only for models fed random images (torchvision and timm names);
+        a script makes its own batches, a recording has none."""
+        self._form.setRowVisible(self.image_size, applies)
+
     def set_read_only(self, read_only: bool) -> None:
-        """Show a recorded run's settings: visible, selectable, not editable."""
+        """Show a recorded run's settings: visible, greyed, nothing to edit or apply (the
+        model loaded before offered its last changes)."""
         self.read_only = read_only
-        for edit in (self.lr, self.momentum, self.weight_decay, self.loss_scale, self.clip,
-                     self.explode_threshold, self.vanish_threshold, self.amp_init_scale,
-                     *self._spins()):
+        for edit in (
+            self.lr,
+            self.momentum,
+            self.weight_decay,
+            self.loss_scale,
+            self.clip,
+            self.explode_threshold,
+            self.vanish_threshold,
+            self.amp_init_scale,
+            *self._spins(),
+        ):
             edit.setReadOnly(read_only)
-        for widget in (self.device, self.optimizer, self.amp, self.clip_enabled,
-                       self.pause_at_nonfinite, self.update_ratio, self.trace):
+            edit.setEnabled(not read_only)
+        if read_only:
+            self.set_script_defaults(None)
+            self.reset_button.setEnabled(False)
+        for widget in (
+            self.device,
+            self.optimizer,
+            self.amp,
+            self.clip_enabled,
+            self.pause_at_nonfinite,
+            self.update_ratio,
+            self.trace,
+        ):
             if widget is not None:
                 widget.setEnabled(not read_only)
         if not read_only:
             self.clip.setEnabled(self.clip_enabled.isChecked())
+            self._on_amp_changed()
         self.read_only_note.setVisible(read_only)
         self.edit_note.setVisible(not read_only)
         if read_only:
@@ -499,17 +575,23 @@ class SettingsPanel(QScrollArea):
         if running is None:
             return []
         current = self.settings()
-        return [name for name in RESTART_SETTINGS
-                if getattr(current, name) != getattr(running, name)
-                and not (name == "device" and current.device == "auto")
-                and not (name == "amp_init_scale" and current.amp != "fp16")]
+        return [
+            name
+            for name in RESTART_SETTINGS
+            if getattr(current, name) != getattr(running, name)
+            and not (name == "device" and current.device == "auto")
+            and not (name == "amp_init_scale" and current.amp != "fp16")
+        ]
 
     def _update_restart_note(self) -> None:
         changed = self.needs_restart()
         words = [_RESTART_WORDS.get(name, name.replace("_", " ")) for name in changed]
         self.restart_note.setText(
             f"{', '.join(words)} changed: restart to use the new value (Run ▸ Restart starts "
-            "a new run; the run so far keeps the old one)." if changed else "")
+            "a new run; the run so far keeps the old one)."
+            if changed
+            else ""
+        )
 
     def _on_amp_changed(self, *_: object) -> None:
         # The initial scale is the GradScaler's: only fp16 has one.

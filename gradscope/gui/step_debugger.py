@@ -4,7 +4,9 @@ engine does the work (trace events, rewind snapshots), this only asks and shows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import copy
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtGui import QAction
@@ -16,8 +18,38 @@ from gradscope.gui.diagnosis_pane import DiagnosisPane
 from gradscope.gui.timeline import TraceCursor, TraceTimeline
 from gradscope.gui.worker import RunPaused, RunRewound, StepsFinished
 
-if TYPE_CHECKING:
-    from gradscope.gui.main_window import MainWindow
+
+class DebuggerWindow(Protocol):
+    """What the step debugger uses of the app's window. The window passes itself; naming
+    what is used here keeps this module from importing the window's module, which imports
+    this one."""
+
+    history: Any
+    _action: Any
+    state: Any
+    run_thread: Any
+    events_dock: Any
+    _dock: Any
+    _dirty: Any
+    tree_model: Any
+    settings_trail: Any
+    selected_step: Any
+    run_paused: Any
+    plots: Any
+    model_loaded: Any
+    loaded: Any
+    events_panel: Any
+    _origin_shown: Any
+
+    def _set_state(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def statusBar(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def tabifyDockWidget(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def select(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def addDockWidget(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 def _megabytes(count: int) -> str:
@@ -29,7 +61,7 @@ class StepDebugger(QObject):
 
     rewound = Signal(int)  # the step the run went back to (after the window forgot the rest)
 
-    def __init__(self, window: MainWindow) -> None:
+    def __init__(self, window: DebuggerWindow) -> None:
         super().__init__(window)
         self.window = window
         self.timeline = TraceTimeline()
@@ -41,6 +73,8 @@ class StepDebugger(QObject):
         self.snapshot_bytes = 0
         self._origin_shown = None
         self._trace_origin: Any = None  # the recorded origin whose trace the pane shows
+        # Given the history a rewind abandons (name, history), to keep it drawn.
+        self.on_branch_abandoned: Callable[[str, Any], Any] | None = None
 
         self.trace_dock = window._dock("Step trace", "trace", self.timeline)
         self.diagnosis_dock = window._dock("Diagnosis", "diagnosis", self.diagnosis)
@@ -140,10 +174,20 @@ class StepDebugger(QObject):
         self.first_nonfinite_event_action.setEnabled(
             traced and self.timeline.first_nonfinite_button.isEnabled())
         self.apply_action.setEnabled(live and state == "before_apply")
-        self.rewind_action.setEnabled(live and bool(self.rewind_steps) and state != "running")
+        self.rewind_action.setEnabled(
+            live and bool(self.rewind_steps) and state != "running"
+            and self.window.history.count > 0  # a failed first step has nothing to undo
+        )
         self.memory_label.setText(
             f"rewind: {len(self.rewind_steps)} step(s), {_megabytes(self.snapshot_bytes)}"
             if self.rewind_steps and live else "")
+
+    def follow_trace_setting(self, trace: bool) -> None:
+        """Trace mode off: the Step trace pane goes (it stayed docked, empty); it comes back
+        with the next traced step. A pane that shows a step (a recording's failing step)
+        stays."""
+        if not trace and self.trace_dock.isVisible() and not self.trace_events:
+            self.trace_dock.hide()
 
     def show_recording(self, origin: Any) -> None:
         """A recording replaced the live model: no rewind, its own origin, and the failing
@@ -204,20 +248,29 @@ class StepDebugger(QObject):
         window = self.window
         if payload.reason == "before_apply":
             window._set_state("before_apply")
-        origin = window.history.first_nonfinite
+        self.show_origin(window.history.first_nonfinite)
+        self.update_actions()
+
+    def show_origin(self, origin: Any) -> None:
+        """Diagnose a first NaN/Inf the window has not diagnosed yet, wherever it came from:
+        a paused run, or a recording being followed (whatever the origin's phase)."""
         if origin is not None and origin is not self._origin_shown:
             self._origin_shown = origin
             self.diagnosis.show_origin(origin)
             self.diagnosis_dock.show()
             self.diagnosis_dock.raise_()
-        self.update_actions()
 
     @Slot(object)
     def _on_worker_run_rewound(self, payload: RunRewound) -> None:
         window = self.window
         abandoned = window.history.first_nonfinite
         last = int(window.history.steps[-1]) if window.history.count else payload.step - 1
+        # The abandoned branch stays on the plots, drawn as a compared run (its curves
+        # disappeared with the rewind).
+        branch = copy.deepcopy(window.history) if last >= payload.step else None
         window.history.rewind_to(payload.step)
+        if branch is not None and self.on_branch_abandoned is not None:
+            self.on_branch_abandoned(f"branch {payload.step}-{last} (rewound)", branch)
         window.settings_trail.rewind(payload.step)
         # The abandoned branch stays told in Events (with its first NaN/Inf, if it had one).
         message = (f"rewound to before step {payload.step}: the abandoned branch ran steps "
@@ -228,6 +281,7 @@ class StepDebugger(QObject):
             message += "; it had no NaN/Inf"
         window.history.events.append(Event(payload.step, "rewind", None, message))
         window.events_panel.clear()
+        window.plots.hide_hover()
         # The traced step and the diagnosis of the abandoned branch are gone with it.
         if self.trace_events and self.trace_events[0].step >= payload.step:
             self.trace_events = []

@@ -187,7 +187,9 @@ class RunWorker(QObject):
             overrides["image_size"] = request.defaults["image_size"]
         try:
             loaded, settings = load_with_settings(
-                request.source, overrides, weights=request.weights,
+                request.source,
+                overrides,
+                weights=request.weights,
                 defaults=request.defaults,
             )
             runner = StepRunner(loaded, settings)
@@ -431,7 +433,11 @@ class RunThread(QObject):
         self.worker.pause_requested = True
 
     def stop(self) -> None:
+        """Stop the run as Quit does: a long step going on is abandoned at its next module
+        boundary (it waited for the whole step, 8-9 s on convnext_tiny); Run after Stop
+        starts afresh, so the abandoned step's model is not used again."""
         self.worker.stop_requested = True
+        self.worker.progress.abort()
 
     def queue_settings(self, settings: Any) -> None:
         self.worker.queue_settings(settings)

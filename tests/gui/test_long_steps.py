@@ -57,13 +57,27 @@ def test_pause_answers_at_once_and_the_step_shows_its_progress(qtbot, window, tm
     assert window.history.count == 2  # the step going on was finished, not abandoned
 
 
-def test_stop_answers_at_once(qtbot, window, tmp_path):
+def test_stop_answers_at_once_and_abandons_the_step(qtbot, window, tmp_path):
     _slow_model(qtbot, window, tmp_path)
     window.run()
     qtbot.waitUntil(lambda: window.history.count >= 1, timeout=RUN_TIMEOUT)
+    progress = window.run_thread.worker.progress
+    qtbot.waitUntil(lambda: progress.snapshot() is not None, timeout=RUN_TIMEOUT)
+    done = window.history.count
+    started = time.perf_counter()
     window.stop()
-    assert "Stopping after this step" in window.state_label.text()
+    assert "the step going on is abandoned" in window.state_label.text()
     assert not window.stop_action.isEnabled() and not window.pause_action.isEnabled()
+    qtbot.waitUntil(lambda: window.state == "stopped", timeout=RUN_TIMEOUT)
+    # A step takes 2 s (four modules of 0.5 s); Stop abandons it at the next module, as
+    # Quit does (issue 27: it waited for the whole step).
+    assert time.perf_counter() - started < 1.2
+    assert window.history.count == done
+    # Run after Stop starts afresh (a new run of the reloaded model).
+    with qtbot.waitSignal(window.model_loaded, timeout=RUN_TIMEOUT):
+        window.run()
+    qtbot.waitUntil(lambda: window.history.count >= 1, timeout=RUN_TIMEOUT)
+    window.stop()
     qtbot.waitUntil(lambda: window.state == "stopped", timeout=RUN_TIMEOUT)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from gradscope.core.watch import STATUS_NONFINITE
 from gradscope.gui.mixed_precision import SKIPPED_WORDS
-from gradscope.gui.plots import _NONFINITE_RGBA, _SKIPPED_RGBA
+from gradscope.gui.plots.heatmap_colors import NONFINITE_RGBA, SKIPPED_RGBA
 from tests.gui.gui_helpers import open_and_wait, run_and_wait
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_models"
@@ -42,8 +42,8 @@ def test_skipped_steps_are_their_own_marker_not_nan(qtbot, window):
     assert SKIPPED_WORDS in _legend_words(norm.legend)
     assert SKIPPED_WORDS in _legend_words(loss.legend)
     rgba = window.plots.heatmap.rgba
-    assert not _has_color(rgba, _NONFINITE_RGBA)
-    assert _has_color(rgba, _SKIPPED_RGBA)
+    assert not _has_color(rgba, NONFINITE_RGBA)
+    assert _has_color(rgba, SKIPPED_RGBA)
     assert "purple: skipped by the loss scaler" in window.plots.heatmap.item.titleLabel.text
     assert window.events_panel.row_count() == 0
     assert history.first_nonfinite is None
@@ -72,7 +72,7 @@ def test_scale_collapse_is_a_failure_and_an_event(qtbot, window):
     assert 17 not in norm.skipped.steps.tolist()
     assert 16 in norm.skipped.steps.tolist()
     assert any(step == 17 for _, step, _ in norm._edge_points)
-    assert _has_color(window.plots.heatmap.rgba, _NONFINITE_RGBA)
+    assert _has_color(window.plots.heatmap.rgba, NONFINITE_RGBA)
     events = window.events_panel
     assert events.table.item(0, 1).text() == "Loss scale collapse"
     assert events.table.item(0, 0).text() == "17"

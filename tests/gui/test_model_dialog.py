@@ -66,3 +66,26 @@ def test_a_built_hf_models_architecture_is_in_the_model_notes(qtbot, window, tmp
     assert "Built: causal LM" in text, text
     assert "image size" not in text  # the CPU note of a token model names the batch only
     assert "model type gpt2" in text and "num hidden layers 1" in text and "seq len 32" in text
+
+
+def test_typing_a_name_and_enter_opens_that_model(qtbot) -> None:
+    """Issue 27: the focus was not in the search box, so typing resnet18 and Enter opened
+    alexnet; an exact name wins over a longer one listed first; nothing typed, nothing
+    chosen."""
+    from PySide6.QtCore import Qt
+
+    dialog = ModelDialog(None, ["alexnet", "resnet18_wide", "resnet18", "vit_b_16"])
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    dialog.activateWindow()
+    qtbot.waitUntil(lambda: dialog.focusWidget() is dialog.search)
+    assert dialog.selected_name() is None  # nothing preselected
+    qtbot.keyClicks(dialog.focusWidget(), "resnet18")
+    assert dialog.search.text() == "resnet18"
+    assert _visible(dialog) == ["resnet18_wide", "resnet18"]
+    with qtbot.waitSignal(dialog.accepted, timeout=5_000):
+        qtbot.keyClick(dialog.focusWidget(), Qt.Key.Key_Return)
+    assert dialog.selected_name() == "resnet18"
+    dialog.search.setText("vit")  # no exact match: the first that matches
+    assert dialog.selected_name() == "vit_b_16"

@@ -141,9 +141,10 @@ def _history(layers: int, steps: int):
 
 @pytest.fixture
 def plot_of_many_layers(qtbot):
-    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot, PlotView, layer_color
+    from gradscope.gui.plots import GradientNormPlot, PlotView, layer_color
+    from gradscope.gui.plots.gradient_norm_plot import GROUPED_ABOVE
 
-    names, history = _history(_GROUPED_ABOVE + 10, 6000)
+    names, history = _history(GROUPED_ABOVE + 10, 6000)
     plot = GradientNormPlot()
     qtbot.addWidget(plot)
     plot.resize(700, 450)

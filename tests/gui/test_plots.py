@@ -55,11 +55,18 @@ def _history(layers: int, steps: int, seed: int = 0):
                 norms[step % layers] = np.nan
             if step % 23 == 7:
                 norms[(step + 3) % layers] = 0.0
-            stats = StepStats(step=step, loss=1.0, total_grad_norm=float(np.nansum(norms)),
-                              grad_norm=norms, max_abs=norms, weight_norm=np.ones(layers),
-                              nan_count=zeros, inf_count=zeros,
-                              status=classify(norms, zeros, 1000.0, 1e-7),
-                              param_grad_norm=norms)
+            stats = StepStats(
+                step=step,
+                loss=1.0,
+                total_grad_norm=float(np.nansum(norms)),
+                grad_norm=norms,
+                max_abs=norms,
+                weight_norm=np.ones(layers),
+                nan_count=zeros,
+                inf_count=zeros,
+                status=classify(norms, zeros, 1000.0, 1e-7),
+                param_grad_norm=norms,
+            )
             history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
 
     append(steps)
@@ -69,10 +76,13 @@ def _history(layers: int, steps: int, seed: int = 0):
 def _view(names, history, visible=None, selected=None):
     from gradscope.gui.plots import PlotView, layer_color
 
-    return PlotView(history=history, order=list(names),
-                    visible=set(names if visible is None else visible),
-                    selected_layer=selected,
-                    colors={name: layer_color(i) for i, name in enumerate(names)})
+    return PlotView(
+        history=history,
+        order=list(names),
+        visible=set(names if visible is None else visible),
+        selected_layer=selected,
+        colors={name: layer_color(i) for i, name in enumerate(names)},
+    )
 
 
 def _shown_plot(qtbot, plot_class):
@@ -84,17 +94,18 @@ def _shown_plot(qtbot, plot_class):
 
 
 def test_log_cache_grows_with_new_steps_and_starts_over_after_a_rewind() -> None:
-    from gradscope.gui.plots import _LogNormCache
+    from gradscope.gui.plots.log_norm_cache import LogNormCache
 
     _names, history, append = _history(5, 40)
-    cache = _LogNormCache()
+    cache = LogNormCache()
     assert cache.update(history)
     append(25)
     assert cache.update(history) and not cache.update(history)
     full = log10_display(history.matrix("grad_norm")).T.astype(np.float32)
     assert np.array_equal(cache.values[:5, : cache.rows], full, equal_nan=True)
-    assert len(cache.edge_rows) == int((~np.isfinite(full) | (history.matrix("grad_norm").T
-                                                               == 0)).sum())
+    assert len(cache.edge_rows) == int(
+        (~np.isfinite(full) | (history.matrix("grad_norm").T == 0)).sum()
+    )
     resets = cache.resets
     history.rewind_to(30)
     append(40)  # a new branch, as long as before: the old rows must not be kept
@@ -105,12 +116,13 @@ def test_log_cache_grows_with_new_steps_and_starts_over_after_a_rewind() -> None
 
 
 def test_peak_levels_made_from_finer_levels_equal_peaks_of_the_steps() -> None:
-    from gradscope.gui.plots import _LogNormCache, _PeakLevels
+    from gradscope.gui.plots.log_norm_cache import LogNormCache
+    from gradscope.gui.plots.peak_cache import PeakLevels
 
     _names, history, append = _history(6, 300)
-    cache = _LogNormCache()
+    cache = LogNormCache()
     cache.update(history)
-    levels = _PeakLevels()
+    levels = PeakLevels()
     assert levels.block_size(0.3) == 1 and levels.block_size(5) == 8
     levels.level(cache, 2)  # a zoom in first; the coarser levels then come from it
     append(133)  # steps arrive; every level follows
@@ -128,9 +140,10 @@ def test_peak_levels_made_from_finer_levels_equal_peaks_of_the_steps() -> None:
 
 
 def test_many_layers_are_drawn_together_with_gaps_and_markers(qtbot) -> None:
-    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
+    from gradscope.gui.plots import GradientNormPlot
+    from gradscope.gui.plots.gradient_norm_plot import GROUPED_ABOVE
 
-    names, history, append = _history(_GROUPED_ABOVE + 20, 300)
+    names, history, append = _history(GROUPED_ABOVE + 20, 300)
     plot = _shown_plot(qtbot, GradientNormPlot)
     plot.item.setXRange(0, 299, padding=0)
     plot.refresh(_view(names, history, selected="layer3"))
@@ -146,8 +159,9 @@ def test_many_layers_are_drawn_together_with_gaps_and_markers(qtbot) -> None:
     assert np.array_equal(lines._low, logged, equal_nan=True)
     assert np.array_equal(lines._high, logged, equal_nan=True)
     palette = lines._palette[lines._color_index]
-    assert len(set(palette.tolist())) == len({_view(names, history).colors[n].rgba()
-                                              for n in names})
+    assert len(set(palette.tolist())) == len(
+        {_view(names, history).colors[n].rgba() for n in names}
+    )
     matrix = history.matrix("grad_norm")
     assert len(plot.markers.points()) == int((~np.isfinite(matrix) | (matrix == 0)).sum())
     # New steps reach the lines; a long history is peak-downsampled to the view's width.
@@ -187,16 +201,24 @@ def test_heatmap_drawn_step_by_step_equals_drawn_at_once(qtbot) -> None:
 
 
 def test_nice_rounding_of_the_step_axis_while_running() -> None:
-    from gradscope.gui.plots import _round_up_to_nice
+    from gradscope.gui.plots.plot_panel import round_up_to_nice
 
-    assert [_round_up_to_nice(v) for v in (0.3, 1, 1.5, 3, 7, 12, 4500)] == \
-        [1, 1, 2, 5, 10, 20, 5000]
+    assert [round_up_to_nice(v) for v in (0.3, 1, 1.5, 3, 7, 12, 4500)] == [
+        1,
+        1,
+        2,
+        5,
+        10,
+        20,
+        5000,
+    ]
 
 
 def test_many_layers_with_few_steps_show_dots(qtbot) -> None:
-    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
+    from gradscope.gui.plots import GradientNormPlot
+    from gradscope.gui.plots.gradient_norm_plot import GROUPED_ABOVE
 
-    names, history, _append = _history(_GROUPED_ABOVE + 5, 1)
+    names, history, _append = _history(GROUPED_ABOVE + 5, 1)
     plot = _shown_plot(qtbot, GradientNormPlot)
     plot.item.setXRange(-1, 1, padding=0)
     plot.refresh(_view(names, history))
@@ -217,10 +239,18 @@ def test_markers_of_many_layers_at_one_step_collapse_to_one_per_kind(qtbot) -> N
         norms = np.zeros(layers)  # every layer's gradient is exactly zero...
         if step == 10:
             norms[:5] = np.nan  # ...and five layers go NaN at step 10
-        stats = StepStats(step=step, loss=1.0, total_grad_norm=0.0, grad_norm=norms,
-                          max_abs=norms, weight_norm=np.ones(layers), nan_count=zeros,
-                          inf_count=zeros, status=classify(norms, zeros, 1000.0, 1e-7),
-                          param_grad_norm=norms)
+        stats = StepStats(
+            step=step,
+            loss=1.0,
+            total_grad_norm=0.0,
+            grad_norm=norms,
+            max_abs=norms,
+            weight_norm=np.ones(layers),
+            nan_count=zeros,
+            inf_count=zeros,
+            status=classify(norms, zeros, 1000.0, 1e-7),
+            param_grad_norm=norms,
+        )
         history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
     plot = GradientNormPlot()
     qtbot.addWidget(plot)
@@ -232,7 +262,8 @@ def test_markers_of_many_layers_at_one_step_collapse_to_one_per_kind(qtbot) -> N
 
 
 def test_heatmap_names_its_layers_and_gives_zero_its_own_colour(qtbot) -> None:
-    from gradscope.gui.plots import _VIRIDIS_LUT, ZERO_RGBA, HeatmapPlot
+    from gradscope.gui.plots import ZERO_RGBA, HeatmapPlot
+    from gradscope.gui.plots.heatmap_colors import VIRIDIS_LUT
 
     names, history, _ = _history(layers=5, steps=30)
     heatmap = HeatmapPlot()
@@ -248,7 +279,7 @@ def test_heatmap_names_its_layers_and_gives_zero_its_own_colour(qtbot) -> None:
     zero = heatmap.rgba[7, 0]
     assert history.matrix("grad_norm")[7, 0] == 0
     assert tuple(zero) == ZERO_RGBA
-    assert not any(tuple(zero) == tuple(row) for row in _VIRIDIS_LUT)
+    assert not any(tuple(zero) == tuple(row) for row in VIRIDIS_LUT)
 
 
 def test_the_legend_stays_off_the_curves_and_with_many_layers(qtbot) -> None:
@@ -278,9 +309,10 @@ def test_grouped_lines_auto_range_and_keep_every_extreme_value(qtbot) -> None:
     # image shows them, and the NaN keeps its marker.
     from gradscope.core.history import RunHistory
     from gradscope.core.watch import StepStats, classify
-    from gradscope.gui.plots import _GROUPED_ABOVE, GradientNormPlot
+    from gradscope.gui.plots import GradientNormPlot
+    from gradscope.gui.plots.gradient_norm_plot import GROUPED_ABOVE
 
-    layers, steps = _GROUPED_ABOVE + 10, 2000
+    layers, steps = GROUPED_ABOVE + 10, 2000
     names = [f"layer{i}" for i in range(layers)]
     history = RunHistory(capacity=8)
     rng = np.random.default_rng(3)
@@ -289,10 +321,18 @@ def test_grouped_lines_auto_range_and_keep_every_extreme_value(qtbot) -> None:
         norms = 10.0 ** rng.uniform(-3, 3, layers)
         if step == 1500:
             norms[5], norms[6], norms[7] = 1e30, 1e-12, np.nan
-        stats = StepStats(step=step, loss=1.0, total_grad_norm=1.0, grad_norm=norms,
-                          max_abs=norms, weight_norm=np.ones(layers), nan_count=zeros,
-                          inf_count=zeros, status=classify(norms, zeros, 1e40, 1e-20),
-                          param_grad_norm=norms)
+        stats = StepStats(
+            step=step,
+            loss=1.0,
+            total_grad_norm=1.0,
+            grad_norm=norms,
+            max_abs=norms,
+            weight_norm=np.ones(layers),
+            nan_count=zeros,
+            inf_count=zeros,
+            status=classify(norms, zeros, 1e40, 1e-20),
+            param_grad_norm=norms,
+        )
         history.append(step, 1.0, stats, names, ["Linear"] * layers, [4] * layers)
     plot = _shown_plot(qtbot, GradientNormPlot)
     plot.refresh(_view(names, history))
@@ -304,8 +344,10 @@ def test_grouped_lines_auto_range_and_keep_every_extreme_value(qtbot) -> None:
         assert top >= 30 and bottom <= -12, (low, high, bottom, top)
         assert any(abs(spot.pos().x() - 1500) < 0.5 for spot in plot.markers.points())
         finite = np.isfinite(lines._low)
-        assert lines.dataBounds(1) == (float(lines._low[finite].min()),
-                                       float(lines._high[finite].max()))
+        assert lines.dataBounds(1) == (
+            float(lines._low[finite].min()),
+            float(lines._high[finite].max()),
+        )
         assert lines.dataBounds(1)[1] == 30 and lines.dataBounds(1)[0] == -12
         # The spike to 1e30 and the dip to 1e-12 are drawn, in their layers' colours.
         for layer, value in ((5, 30.0), (6, -12.0)):

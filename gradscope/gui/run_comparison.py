@@ -1,0 +1,96 @@
+"""Runs compared on the same axes: File > Add recording to compare (and ``gradscope open
+A.gsrec B.gsrec``) reads other recordings and hands them to the plots, each with its own
+line style. Given the widgets and callbacks it uses, not the window, so that it needs
+nothing of the window's module."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QFileDialog, QWidget
+
+from gradscope.core.errors import GradScopeError
+from gradscope.core.history import RunHistory
+from gradscope.gui.dialogs import ErrorDialog
+from gradscope.gui.plots.compared_runs import COMPARED_LINE_STYLES, ComparedRun
+
+FIRST_VIEW_ROWS = 5000  # as the shown recording: a long one is read decimated
+SUFFIX = ".gsrec"
+
+
+class RunComparison(QObject):
+    """The compared runs; ``runs_changed`` when one is added or they are cleared."""
+
+    runs_changed = Signal()
+
+    def __init__(
+        self, parent: QWidget, start_folder: Callable[[], Path], show_message: Callable[[str], None]
+    ) -> None:
+        super().__init__(parent)
+        self._parent = parent
+        self._start_folder = start_folder
+        self._show_message = show_message
+        self.runs: tuple[ComparedRun, ...] = ()
+        self.error_dialog: ErrorDialog | None = None
+        self.add_action = QAction("Add recording to &compare…", parent)
+        self.add_action.setStatusTip(
+            "Draw another recording's curves on the same axes (layers matched by name)"
+        )
+        self.add_action.triggered.connect(self._on_add_action_triggered)
+        self.clear_action = QAction("Clear compared runs", parent)
+        self.clear_action.setEnabled(False)
+        self.clear_action.triggered.connect(self.clear)
+
+    def add_recording(self, path: str | os.PathLike[str]) -> bool:
+        """Read ``path`` and compare it; a file that is no recording says why and changes
+        nothing."""
+        from gradscope.core.recording import RecordingReader
+
+        try:
+            with RecordingReader(path) as reader:
+                _, history = reader.load(max_rows=FIRST_VIEW_ROWS)
+        except GradScopeError as error:
+            self.error_dialog = ErrorDialog(
+                self._parent, "The recording could not be compared", error.message, error.details
+            )
+            self.error_dialog.open()
+            return False
+        self.add_run(Path(path).name, history)
+        return True
+
+    def add_run(self, name: str, history: RunHistory) -> ComparedRun:
+        """Compare ``history`` (a recording read, or the branch a rewind abandoned) under
+        ``name`` (made unique), in the next line style."""
+        taken = {run.name for run in self.runs}
+        unique, suffix = name, 2
+        while unique in taken:  # the same file twice, or two runs' files of one name
+            unique = f"{name} ({suffix})"
+            suffix += 1
+        style = COMPARED_LINE_STYLES[len(self.runs) % len(COMPARED_LINE_STYLES)]
+        run = ComparedRun(unique, history, style)
+        self.runs = (*self.runs, run)
+        self.clear_action.setEnabled(True)
+        self._show_message(f"comparing with {unique} ({history.count} steps)")
+        self.runs_changed.emit()
+        return run
+
+    def clear(self) -> None:
+        if self.runs:
+            self.runs = ()
+            self.clear_action.setEnabled(False)
+            self.runs_changed.emit()
+
+    def _on_add_action_triggered(self) -> None:
+        folder = self._start_folder()
+        path, _ = QFileDialog.getOpenFileName(
+            self._parent,
+            "Add recording to compare",
+            str(folder if folder.exists() else Path.cwd()),
+            f"GradScope recordings (*{SUFFIX});;All files (*)",
+        )
+        if path:
+            self.add_recording(path)

@@ -46,3 +46,46 @@ def test_no_tiny_scale_once_the_scale_has_trained_or_in_a_plain_mlp():
     mlp = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
     assert tiny_scale_after(mlp, "0") is None
     assert tiny_scale_after(mlp, "no.such.layer") is None
+
+
+class _ScaledBlock(nn.Module):
+    """A block whose output is multiplied by a tiny layer scale (as ConvNeXt's gamma)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.gamma = nn.Parameter(torch.full((4,), 1e-9))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(x) * self.gamma
+
+
+def test_the_watch_says_why_a_layer_turned_vanishing_in_events_report_and_tree():
+    """The engine finds the reason at the onset (a rare status change); the history's event,
+    the JSON report and the app's tree tooltip show it; nothing recomputes it."""
+    import gradscope
+    from gradscope.core.history import RunHistory
+    from gradscope.core.report import build_report
+    from gradscope.core.watch import STATUS_VANISHING
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_ScaledBlock(), nn.Linear(4, 1))
+    watch = gradscope.watch(model, layers=["0.fc", "1"])
+    history = RunHistory()
+    names = [layer.name for layer in watch.layers]
+    for step in range(4):
+        model.zero_grad()
+        loss = model(torch.randn(8, 4)).square().mean()
+        loss.backward()
+        stats = watch.collect(loss)
+        history.append(step, float(loss.detach()), stats, names)
+        if step == 2:  # the third measured step under the threshold: the onset
+            assert stats.status[0] == STATUS_VANISHING
+            assert "0.gamma after it in its block is at most 1e-09" in stats.tiny_reasons["0.fc"]
+        else:
+            assert stats.tiny_reasons is None
+    onset = [e for e in history.events if e.kind == "vanishing" and e.layer == "0.fc"]
+    assert onset and "why: 0.gamma after it" in onset[0].message
+    report = build_report("test", "cpu", history)
+    layers = {entry["name"]: entry for entry in report["layers"]}
+    assert "0.gamma" in layers["0.fc"]["why_tiny"] and layers["1"]["why_tiny"] is None

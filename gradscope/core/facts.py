@@ -116,6 +116,9 @@ class StepStats:
     # Under torch.distributed: every rank's loss and whether its own batch or loss went
     # non-finite (``ranks.broken``), from the step's one all_gather.
     ranks: RankFacts | None = None
+    # Why a layer that turned vanishing at this step has a tiny gradient, where the model
+    # shows it cheaply (a zero or tiny scale after it in its block), by layer name.
+    tiny_reasons: dict[str, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -9,6 +9,7 @@ float32's range saturate at its maximum rather than turning into a false Inf.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -123,6 +124,8 @@ class RunHistory:
         # Every NaN/Inf episode's origin, in order (the first is ``first_nonfinite``).
         self.origins: list[Origin] = []
         self._previous_status: dict[str, int] = {}
+        # Why a layer's gradient is tiny, where the engine saw it (StepStats.tiny_reasons).
+        self.tiny_reasons: dict[str, str] = {}
 
     # -- shape -------------------------------------------------------------------------
     def column(self, name: str) -> int:
@@ -270,7 +273,17 @@ class RunHistory:
             dtype=np.uint8,
             count=len(names),
         )
-        self.events.extend(status_onsets(step, names, stats.status, before, stats.grad_norm))
+        onsets = status_onsets(step, names, stats.status, before, stats.grad_norm)
+        reasons = stats.tiny_reasons or {}
+        if reasons:
+            self.tiny_reasons.update(reasons)
+            onsets = [
+                dataclasses.replace(e, message=f"{e.message}; why: {reasons[e.layer]}")
+                if e.kind == "vanishing" and e.layer in reasons
+                else e
+                for e in onsets
+            ]
+        self.events.extend(onsets)
         self._previous_status.update(zip(names, stats.status.tolist(), strict=True))
 
     # -- reading -----------------------------------------------------------------------

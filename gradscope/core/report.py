@@ -77,7 +77,9 @@ def build_report(
     step at which that worst status was first seen, ``last_status`` the status at the last
     step that measured the layer (all null for a layer no step measured), and
     ``finite_max_grad_norm`` the largest gradient norm before the layer's first NaN/Inf
-    (null when there is none), kept beside a ``grad_norm`` series that holds the NaN."""
+    (null when there is none), kept beside a ``grad_norm`` series that holds the NaN, and
+    ``why_tiny`` why its gradient is tiny where the engine saw it (a zero or tiny scale after
+    it in its block; null otherwise)."""
     layers = []
     applied = ~history.skipped[: history.count]
     for name, type_name, params in zip(
@@ -93,6 +95,8 @@ def build_report(
             "status_first_seen_step": history.worst_first_seen(name) if measured else None,
             "last_status": history.last_status(name),
             "finite_max_grad_norm": None if finite_max == MISSING else json_number(finite_max),
+            # why its gradient is tiny, where the engine saw it (a zero or tiny scale after it)
+            "why_tiny": history.tiny_reasons.get(name),
         }
         for statistic in STATISTICS:
             entry[statistic] = _series(history.series(statistic, name))

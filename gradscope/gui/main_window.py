@@ -919,7 +919,7 @@ class MainWindow(QMainWindow):
                 if flag != STATUS_MISSING:
                     norms[name] = value
                     statuses[name] = flag
-        self.tree_model.set_step_values(norms, statuses)
+        self.tree_model.set_step_values(norms, statuses, history.tiny_reasons)
 
     def _show_origin(self, force: bool = False) -> None:
         origin = self.history.first_nonfinite

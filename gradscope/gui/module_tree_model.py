@@ -21,8 +21,8 @@ from PySide6.QtCore import (
 )
 from PySide6.QtGui import QBrush, QColor, QFont
 
+from gradscope.core.facts import STATUS_NONFINITE, STATUS_OK, STATUS_VANISHING
 from gradscope.core.module_tree import ModuleNode, ModuleTree
-from gradscope.core.watch import STATUS_NONFINITE, STATUS_OK
 from gradscope.gui.status_style import (
     ORIGIN_COLOR,
     ORIGIN_TINT,
@@ -66,6 +66,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._layers_under: list[list[int]] = []  # checkable nodes in each subtree
         self._watched: set[str] = set()
         self._norm: dict[str, float] = {}
+        self._tiny_reasons: dict[str, str] = {}
         self._status: dict[str, int] = {}
         self._inside: list[int] = []  # worst status strictly inside each node's subtree
         self._origin: str | None = None
@@ -142,9 +143,16 @@ class ModuleTreeModel(QAbstractItemModel):
         """Checked layers in the tree's (forward registration) order."""
         return [n.name for n in self._nodes if n.own_params > 0 and n.name in self._watched]
 
-    def set_step_values(self, norms: dict[str, float], statuses: dict[str, int]) -> None:
-        """Gradient norm and status per layer at the step on show, as the engine measured."""
+    def set_step_values(
+        self,
+        norms: dict[str, float],
+        statuses: dict[str, int],
+        tiny_reasons: dict[str, str] | None = None,
+    ) -> None:
+        """Gradient norm and status per layer at the step on show, as the engine measured,
+        and why a layer's gradient is tiny where the engine saw it."""
         self._norm, self._status = norms, statuses
+        self._tiny_reasons = dict(tiny_reasons or {})
         inside = [_NO_STATUS] * len(self._nodes)
         for i in reversed(range(len(self._nodes))):
             worst = _NO_STATUS
@@ -341,7 +349,8 @@ class ModuleTreeModel(QAbstractItemModel):
             lines.append(f"{node.total_params:,} parameters ({node.own_params:,} own)")
         if own != _NO_STATUS:
             value = self._norm.get(node.name, math.nan)
-            lines.append(f"gradient norm {format_value(value)}: {status_tooltip(own)}")
+            why = self._tiny_reasons.get(node.name) if own == STATUS_VANISHING else None
+            lines.append(f"gradient norm {format_value(value)}: {status_tooltip(own, why)}")
         elif self._inside[i] > STATUS_OK:
             lines.append(f"a layer inside is {status_label(self._inside[i])}")
         if is_origin:

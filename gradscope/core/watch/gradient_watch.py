@@ -23,6 +23,7 @@ from torch import nn
 from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import (
     STATUS_NONFINITE,
+    STATUS_VANISHING,
     LayerInfo,
     Origin,
     StepStats,
@@ -30,6 +31,7 @@ from gradscope.core.facts import (
 from gradscope.core.origin import float_tensors
 from gradscope.core.replay import DEFAULT_GRADIENT_BYTES, make_replay
 from gradscope.core.sharded import RankExchange, local
+from gradscope.core.tiny_gradient import tiny_scale_after
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.watch.binding import Binding, bind
 from gradscope.core.watch.distributed import UnreducedCheck, fact_device
@@ -392,7 +394,9 @@ class GradientWatch:
         # A nonfinite status comes from NaN/Inf counts or a NaN norm, which the sum above saw.
         nonfinite = counted and bool((status == STATUS_NONFINITE).any())
         statuses = status.tobytes()
-        if not figures.detail and (trouble or self.statuses.changed(statuses) or nonfinite):
+        changed = self.statuses.changed(statuses)
+        tiny_reasons = self._tiny_reasons(status) if changed else None
+        if not figures.detail and (trouble or changed or nonfinite):
             # A step that goes wrong or changes status always gets the detail: read it now.
             # Sharded groups too (one more collective), when every rank takes this decision
             # from the same reduced figures; with mixed sharding they had it already.
@@ -432,6 +436,7 @@ class GradientWatch:
             skipped=skipped,
             scale_collapsed=collapsed,
             ranks=figures.ranks,
+            tiny_reasons=tiny_reasons,
         )
         self._step += 1
         self._collected += 1
@@ -452,6 +457,25 @@ class GradientWatch:
             self.replay.step_collected()
         self.sinks.on_step(self, stats)
         return stats
+
+    def _tiny_reasons(self, status: np.ndarray) -> dict[str, str] | None:
+        """Why the layers that turn vanishing at this step (a status change: rare) have a
+        tiny gradient, where the weights show it: a zero or tiny scale after the layer in its
+        block (gradscope.core.tiny_gradient)."""
+        onset = status == STATUS_VANISHING
+        if self.statuses.previous is not None:
+            before = np.frombuffer(self.statuses.previous, dtype=np.uint8)
+            if len(before) == len(status):
+                onset &= before != STATUS_VANISHING
+        if not onset.any():
+            return None
+        reasons = {}
+        for index in np.flatnonzero(onset).tolist():
+            name = self.layers[index].name
+            found = tiny_scale_after(self.model, name)
+            if found is not None:
+                reasons[name] = found.describe()
+        return reasons or None
 
     def measure_update(self) -> np.ndarray | None:
         """After ``optimizer.step()``: ||Δw||/||w|| per layer for the last collected step.

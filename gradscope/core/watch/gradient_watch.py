@@ -395,7 +395,8 @@ class GradientWatch:
         nonfinite = counted and bool((status == STATUS_NONFINITE).any())
         statuses = status.tobytes()
         changed = self.statuses.changed(statuses)
-        tiny_reasons = self._tiny_reasons(status) if changed else None
+        # Not under sharding: reading a sharded scale would be a collective of its own.
+        tiny_reasons = self._tiny_reasons(status) if changed and not binding.sharded else None
         if not figures.detail and (trouble or changed or nonfinite):
             # A step that goes wrong or changes status always gets the detail: read it now.
             # Sharded groups too (one more collective), when every rank takes this decision

@@ -325,16 +325,7 @@ class SettingsPanel(QScrollArea):
         for spin in spins:
             spin.editingFinished.connect(self._on_widget_edited)
             spin.valueChanged.connect(self._on_spin_changed)
-        for edit in (
-            self.lr,
-            self.momentum,
-            self.weight_decay,
-            self.loss_scale,
-            self.clip,
-            self.explode_threshold,
-            self.vanish_threshold,
-            self.amp_init_scale,
-        ):
+        for edit in self._number_edits():
             edit.value_edited.connect(self._on_widget_edited)
         self.amp.currentIndexChanged.connect(self._on_amp_changed)
         for combo in (self.device, self.optimizer, self.amp):
@@ -527,14 +518,7 @@ class SettingsPanel(QScrollArea):
         model loaded before offered its last changes)."""
         self.read_only = read_only
         for edit in (
-            self.lr,
-            self.momentum,
-            self.weight_decay,
-            self.loss_scale,
-            self.clip,
-            self.explode_threshold,
-            self.vanish_threshold,
-            self.amp_init_scale,
+            *self._number_edits(),
             *self._spins(),
         ):
             edit.setReadOnly(read_only)
@@ -560,6 +544,18 @@ class SettingsPanel(QScrollArea):
         self.edit_note.setVisible(not read_only)
         if read_only:
             self.restart_note.setText("")
+
+    def _number_edits(self) -> list[NumberEdit]:
+        return [
+            self.lr,
+            self.momentum,
+            self.weight_decay,
+            self.loss_scale,
+            self.clip,
+            self.explode_threshold,
+            self.vanish_threshold,
+            self.amp_init_scale,
+        ]
 
     def _spins(self) -> list[QSpinBox]:
         spins = [self.steps, self.batch_size, self.seed, self.image_size]

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import gradscope
+from gradscope.core.facts import STATUS_OK, STATUS_VANISHING
 from gradscope.core.watch import binding as binding_module
 from gradscope.core.watch import episodes as episodes_module
 
@@ -133,8 +134,6 @@ def _collect_with_gradient_scale(watch, model, scales):
 
 
 def test_vanishing_is_a_state_of_three_consecutive_measured_steps():
-    from gradscope.core.facts import STATUS_OK, STATUS_VANISHING
-
     model = nn.Linear(3, 1)
     ok, vanishing = STATUS_OK, STATUS_VANISHING
     # Exactly 0 at the first step only (a fresh model's zero-initialised scale): no alarm.
@@ -151,3 +150,20 @@ def test_vanishing_is_a_state_of_three_consecutive_measured_steps():
     assert _collect_with_gradient_scale(watch, model, [1e-12, 1.0]) == [vanishing, ok]
     with pytest.raises(Exception, match="vanish_steps must be >= 1"):
         gradscope.watch(model, vanish_steps=0)
+
+
+def test_a_runner_applies_a_new_vanish_steps_between_steps():
+    """The app's "Vanishing after" setting reaches the watch of a run under way: with 1, the
+    sigmoid sample's deep layers are vanishing at once, not from the third step."""
+    import dataclasses
+
+    from gradscope.core.runner import StepRunner
+    from gradscope.core.sources import load_with_settings
+
+    loaded, settings = load_with_settings("sample_models/vanishing_sigmoid_mlp.py", {"steps": 3})
+    runner = StepRunner(loaded, settings)
+    first = runner.step().stats
+    assert first.status[0] == STATUS_OK  # under the threshold for one step only: not yet
+    runner.apply_settings(dataclasses.replace(settings, vanish_steps=1))
+    assert runner.watch.vanish_steps == 1
+    assert runner.step().stats.status[0] == STATUS_VANISHING

@@ -292,6 +292,7 @@ class StepRunner:
         if self.watch is not None:
             self.watch.explode_threshold = settings.explode_threshold
             self.watch.vanish_threshold = settings.vanish_threshold
+            self.watch.set_vanish_steps(settings.vanish_steps)
             self.watch.update_ratio_enabled = settings.update_ratio
             self.watch.detail_every = settings.detail_every
             if settings.layers != old.layers:

@@ -199,6 +199,13 @@ class SettingsPanel(QScrollArea):
         self.explode_threshold.setToolTip("a layer whose gradient norm is above this is exploding")
         self.vanish_threshold = NumberEdit()
         self.vanish_threshold.setToolTip("a layer whose gradient norm is below this is vanishing")
+        self.vanish_steps = QSpinBox()
+        self.vanish_steps.setRange(1, 100000)
+        self.vanish_steps.setSuffix(" steps")
+        self.vanish_steps.setToolTip(
+            "vanishing once a layer's gradient norm stays below the threshold this many "
+            "measured steps in a row (a fresh model's first zero gradient is no alarm)"
+        )
         self.pause_at_nonfinite = QCheckBox("pause at the first NaN/Inf")
         self.pause_at_nonfinite.setToolTip(
             "like a breakpoint: the step's optimizer update is not applied, so weights and "
@@ -234,6 +241,7 @@ class SettingsPanel(QScrollArea):
         form.addRow("Initial loss scale" + restart, self.amp_init_scale)
         form.addRow("Explode above", self.explode_threshold)
         form.addRow("Vanish below", self.vanish_threshold)
+        form.addRow("Vanishing after", self.vanish_steps)
         form.addRow("", self.pause_at_nonfinite)
         form.addRow("", self.update_ratio)
         if self.trace is not None:
@@ -272,6 +280,7 @@ class SettingsPanel(QScrollArea):
             "amp_init_scale": self.amp_init_scale,
             "explode_threshold": self.explode_threshold,
             "vanish_threshold": self.vanish_threshold,
+            "vanish_steps": self.vanish_steps,
             "keep_going": self.pause_at_nonfinite,
             "update_ratio": self.update_ratio,
         }
@@ -317,9 +326,7 @@ class SettingsPanel(QScrollArea):
         outer.addWidget(self.restart_note)
         outer.addStretch(1)
 
-        spins = [self.steps, self.batch_size, self.seed, self.image_size]
-        if self.rewind_depth is not None:
-            spins.append(self.rewind_depth)
+        spins = self._spins()
         if self.trace is not None:
             self.trace.toggled.connect(self._on_widget_edited)
         for spin in spins:
@@ -383,6 +390,7 @@ class SettingsPanel(QScrollArea):
             self._on_amp_changed()
             self.explode_threshold.set_value(settings.explode_threshold)
             self.vanish_threshold.set_value(settings.vanish_threshold)
+            self.vanish_steps.setValue(settings.vanish_steps)
             self.pause_at_nonfinite.setChecked(not settings.keep_going)
             self.update_ratio.setChecked(settings.update_ratio)
             if self.trace is not None:
@@ -422,6 +430,7 @@ class SettingsPanel(QScrollArea):
             amp_init_scale=self.amp_init_scale.value() or self._base.amp_init_scale,
             explode_threshold=self.explode_threshold.value() or 0.0,
             vanish_threshold=self.vanish_threshold.value() or 0.0,
+            vanish_steps=self.vanish_steps.value(),
             keep_going=not self.pause_at_nonfinite.isChecked(),
             update_ratio=self.update_ratio.isChecked(),
         )
@@ -558,7 +567,7 @@ class SettingsPanel(QScrollArea):
         ]
 
     def _spins(self) -> list[QSpinBox]:
-        spins = [self.steps, self.batch_size, self.seed, self.image_size]
+        spins = [self.steps, self.batch_size, self.seed, self.image_size, self.vanish_steps]
         if self.rewind_depth is not None:
             spins.append(self.rewind_depth)
         return spins

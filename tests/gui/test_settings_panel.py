@@ -16,8 +16,8 @@ def test_panel_round_trips_every_setting(qtbot) -> None:
     qtbot.addWidget(panel)
     settings = RunSettings(device="cpu", steps=7, batch_size=3, optimizer="adamw", lr=1e-12,
                            momentum=0.5, weight_decay=0.01, loss_scale=5e10, clip=2.5, seed=4,
-                           explode_threshold=1e4, vanish_threshold=1e-9, image_size=64,
-                           keep_going=True, update_ratio=True)
+                           explode_threshold=1e4, vanish_threshold=1e-9, vanish_steps=5,
+                           image_size=64, keep_going=True, update_ratio=True)
     panel.set_settings(settings)
     assert panel.settings() == settings
     panel.clip_enabled.setChecked(False)

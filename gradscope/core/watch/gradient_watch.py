@@ -232,6 +232,13 @@ class GradientWatch:
             norms[group.index_array] = to_host(torch.stack(values).double())
         return norms
 
+    def set_vanish_steps(self, steps: int) -> None:
+        """From the next step on, vanishing needs ``steps`` consecutive measured steps under
+        the threshold (the counts so far stand)."""
+        if int(steps) < 1:
+            raise GradScopeError(f"vanish_steps must be >= 1, not {steps}")
+        self.vanish_steps = self.statuses.vanish_steps = int(steps)
+
     @property
     def step(self) -> int:
         """Index the next collected step will get."""

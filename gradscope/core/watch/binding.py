@@ -158,11 +158,8 @@ class Binding:
     mixed_sharding: bool
     # Per watched parameter, the ranks holding its shard (0: not sharded).
     replicas: np.ndarray
-
-    @property
-    def has_empty_layers(self) -> bool:
-        """Whether a watched layer covers no parameter at all (it is then frozen)."""
-        return bool((self.layer_sizes == 0).any())
+    # Whether a watched layer covers no parameter at all (it is then frozen).
+    has_empty_layers: bool
 
     def parameters_replaced(self, model: nn.Module) -> bool:
         """Whether the model's parameters changed since it was bound (see the module)."""
@@ -256,6 +253,7 @@ def bind(model: nn.Module, layers_spec: list[str] | None, *, exchanged: bool) ->
         )
     member_array = np.asarray(members, dtype=np.intp)
     offset_array = np.asarray(offsets, dtype=np.intp)
+    layer_sizes = np.diff(np.append(offset_array, len(members)))
     # Unwatched parameters still count towards the total norm when they have gradients,
     # so a NaN anywhere in the model is noticed even when only a few layers are watched.
     unwatched = [p for p in model.parameters() if id(p) not in index_of]
@@ -278,11 +276,12 @@ def bind(model: nn.Module, layers_spec: list[str] | None, *, exchanged: bool) ->
         param_names=param_names,
         members=member_array,
         offsets=offset_array,
-        layer_sizes=np.diff(np.append(offset_array, len(members))),
+        layer_sizes=layer_sizes,
         members_in_order=bool(np.array_equal(member_array, np.arange(len(params)))),
         groups=groups,
         unwatched_groups=unwatched_groups,
         sharded=sharded,
         mixed_sharding=sharded and not all(g.sharded for g in every),
         replicas=replicas,
+        has_empty_layers=bool((layer_sizes == 0).any()),
     )

@@ -43,7 +43,7 @@ from gradscope.core.watch.layers import absent_status, layer_max, layer_norms, l
 from gradscope.core.watch.loss_scale import judge_scaled_step, scale_divisors
 from gradscope.core.watch.reads import Transfer, launch, place
 from gradscope.core.watch.sinks import Sinks
-from gradscope.core.watch.status import StatusTracker, classify
+from gradscope.core.watch.status import StatusTracker, classify_step
 from gradscope.core.watch.update_ratio import UpdateRatio
 from gradscope.core.wrappers import unwrap_model
 
@@ -313,7 +313,6 @@ class GradientWatch:
         """
         return self.resolve(self.launch(loss, batch=batch), locate=locate, batch=batch)
 
-    @torch.no_grad()
     def resolve(
         self,
         transfers: list[Transfer],
@@ -324,6 +323,29 @@ class GradientWatch:
         """Wait for the copies queued by :meth:`launch` (the step's one synchronisation),
         turn them into per-layer numpy statistics, find the origin of a new NaN/Inf episode
         and hand the step to the sinks."""
+        with torch.no_grad():  # a context: the decorator makes a new one at each call
+            stats = self._figures_to_stats(transfers, batch)
+        # The origin's re-run needs autograd; the sinks only store.
+        self.episodes.follow(
+            stats,
+            model=self.wrapped_model,
+            layers=self.layers,
+            locate=locate,
+            batch=batch,
+            sharded=self.binding.sharded,
+            rank=None if self.exchange is None else self.exchange.rank,
+            optimizers=self.optimizers,
+            first_collected=self._collected == 1,
+            replay=self.replay,
+        )
+        if self.replay is not None:  # the next forward is a new step
+            self.replay.step_collected()
+        self.sinks.on_step(self, stats)
+        return stats
+
+    def _figures_to_stats(self, transfers: list[Transfer], batch: Any) -> StepStats:
+        """The step's statistics from its transfers (and a second read when it needs the
+        detail)."""
         figures = place(self, transfers)
         binding = self.binding
         n_params = len(binding.params)
@@ -366,9 +388,9 @@ class GradientWatch:
             inf_count = layer_sums(binding, inf_per_param)
         else:  # the common step: nothing to count
             nan_count, inf_count = np.zeros((2, layers), dtype=np.int64)
-        status = classify(
+        status, all_ok = classify_step(
             grad_norm,
-            nan_count + inf_count if counted else nan_count,
+            nan_count + inf_count if counted else None,
             self.explode_threshold,
             self.vanish_threshold,
         )
@@ -379,7 +401,8 @@ class GradientWatch:
             without = np.flatnonzero(~measured)
             if len(without):
                 status[without] = absent_status(binding, without)
-        self.statuses.persist(status, measured)
+        if not all_ok or self.statuses.counting or measured is not None:
+            self.statuses.persist(status, measured)
         loss_value = figures.loss
         loss_nonfinite = loss_value is not None and not np.isfinite(loss_value)
         unwatched_nonfinite = not np.isfinite(unwatched_sq)
@@ -449,21 +472,6 @@ class GradientWatch:
         self._step += 1
         self._collected += 1
         self.last = stats
-        self.episodes.follow(
-            stats,
-            model=self.wrapped_model,
-            layers=self.layers,
-            locate=locate,
-            batch=batch,
-            sharded=binding.sharded,
-            rank=None if self.exchange is None else self.exchange.rank,
-            optimizers=self.optimizers,
-            first_collected=self._collected == 1,
-            replay=self.replay,
-        )
-        if self.replay is not None:  # the next forward is a new step
-            self.replay.step_collected()
-        self.sinks.on_step(self, stats)
         return stats
 
     def _tiny_reasons(self, status: np.ndarray) -> dict[str, str] | None:

@@ -15,22 +15,35 @@ from gradscope.core.facts import (
 
 def classify(
     grad_norm: np.ndarray,
-    nonfinite_count: np.ndarray,
+    nonfinite_count: np.ndarray | None,
     explode_threshold: float,
     vanish_threshold: float,
 ) -> np.ndarray:
-    """Status per layer from this step's figures alone."""
+    """Status per layer from this step's figures alone (``nonfinite_count`` None: no
+    figure was NaN/Inf, nothing was counted)."""
+    return classify_step(grad_norm, nonfinite_count, explode_threshold, vanish_threshold)[0]
+
+
+def classify_step(
+    grad_norm: np.ndarray,
+    nonfinite_count: np.ndarray | None,
+    explode_threshold: float,
+    vanish_threshold: float,
+) -> tuple[np.ndarray, bool]:
+    """:func:`classify`, and whether every layer is ok (then nothing is vanishing)."""
     status = np.full(grad_norm.shape, STATUS_OK, dtype=np.uint8)
     if not len(status):
-        return status
+        return status, True
     low, high = grad_norm.min(), grad_norm.max()
-    if low >= vanish_threshold and high <= explode_threshold and not nonfinite_count.any():
-        return status  # every layer ok (a NaN norm fails both comparisons)
+    if low >= vanish_threshold and high <= explode_threshold and nonfinite_count is None:
+        return status, True  # every layer ok (a NaN norm fails both comparisons)
     with np.errstate(invalid="ignore"):
         status[grad_norm < vanish_threshold] = STATUS_VANISHING
         status[grad_norm > explode_threshold] = STATUS_EXPLODING
-    status[(nonfinite_count > 0) | np.isnan(grad_norm)] = STATUS_NONFINITE
-    return status
+    if nonfinite_count is not None:
+        status[nonfinite_count > 0] = STATUS_NONFINITE
+    status[np.isnan(grad_norm)] = STATUS_NONFINITE
+    return status, False
 
 
 class StatusTracker:
@@ -61,6 +74,11 @@ class StatusTracker:
         )
         self._below = below if below.any() else None
         status[vanishing & (below < self.vanish_steps)] = STATUS_OK
+
+    @property
+    def counting(self) -> bool:
+        """Whether some layer has been under the threshold on the steps just before."""
+        return self._below is not None
 
     def changed(self, statuses: bytes) -> bool:
         """Whether a step's statuses (``status.tobytes()``) differ from the last step's."""

@@ -366,6 +366,13 @@ class LayerAxis(GridAxis):
         font.setPointSize(8)
         self.setStyle(tickFont=font)
 
+    def set_names(self, names: list[str]) -> None:
+        """Show ``names``; the axis is redrawn only when they changed."""
+        if self.names != names:
+            self.names = names
+            self.picture = None
+            self.update()
+
     def needed_width(self) -> int:
         """Pixels the longest (elided) name needs, with the tick and its spacing."""
         if not self.names:

@@ -152,10 +152,7 @@ class GradientFlowPlot(QWidget):
         history = view.history
         order = view.ticked_layers()
         self._order = order
-        if self.axis.names != order:
-            self.axis.names = order
-            self.axis.picture = None
-            self.axis.update()
+        self.axis.set_names(order)
         for label in self._labels:
             self.item.removeItem(label)
         self._labels = []

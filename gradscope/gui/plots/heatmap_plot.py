@@ -120,10 +120,7 @@ class HeatmapPlot(QWidget):
         history = view.history
         order = view.ticked_layers()
         self._order = order
-        if self.axis.names != order:
-            self.axis.names = order
-            self.axis.picture = None
-            self.axis.update()
+        self.axis.set_names(order)
         if not order or history.count == 0:
             self.image.clear()
             self._key = None

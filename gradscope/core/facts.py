@@ -119,6 +119,9 @@ class StepStats:
     # Why a layer that turned vanishing at this step has a tiny gradient, where the model
     # shows it cheaply (a zero or tiny scale after it in its block), by layer name.
     tiny_reasons: dict[str, str] | None = None
+    # When the step was collected (seconds since the epoch, ``time.time()``): the app's
+    # wall-clock axis. None for steps stored without it (older recordings).
+    wall_time: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -468,6 +469,7 @@ class GradientWatch:
             scale_collapsed=collapsed,
             ranks=figures.ranks,
             tiny_reasons=tiny_reasons,
+            wall_time=time.time(),
         )
         self._step += 1
         self._collected += 1

@@ -70,7 +70,7 @@ from gradscope.gui.selection import Selection
 from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
 from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.status_style import STATUS_COLORS, format_value
-from gradscope.gui.step_debugger import StepDebugger
+from gradscope.gui.step_debugger import DebuggerParts, StepDebugger
 from gradscope.gui.window_geometry import fit_to_screen
 from gradscope.gui.worker import (
     LoadRequest,
@@ -176,15 +176,14 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._build_toolbar()
         self._build_status_bar()
-        self.debugger = StepDebugger(self)
-        self.debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
+        self.debugger = self._build_debugger()
         self.recordings = RecordingController(self)
         self.recordings.install_menus(self.file_menu, self.view_menu)
         self.comparison = RunComparison(
             self, runs_folder, lambda text: self.statusBar().showMessage(text, 8000)
         )
         self.comparison.runs_changed.connect(self._on_comparison_runs_changed)
-        self.debugger.on_branch_abandoned = self.comparison.add_run
+        self.debugger.branch_abandoned.connect(self.comparison.add_run)
         recent = self.recent_menu.menuAction()
         self.file_menu.insertAction(recent, self.comparison.add_action)
         self.file_menu.insertAction(recent, self.comparison.clear_action)
@@ -413,6 +412,29 @@ class MainWindow(QMainWindow):
             label.setStyleSheet("padding: 0 8px;")
             bar.addPermanentWidget(label)
         self._set_state("empty")
+
+    def _build_debugger(self) -> StepDebugger:
+        debugger = StepDebugger(DebuggerParts(
+            run_thread=self.run_thread,
+            status_bar=self.statusBar(),
+            history=lambda: self.history,
+            state=lambda: self.state,
+            loaded=lambda: self.loaded,
+            model_loaded=self.model_loaded,
+            run_paused=self.run_paused,
+            make_action=self._action,
+            make_dock=self._dock,
+            dialog_parent=self,
+        ), self)
+        debugger.install_docks(self, self.events_dock)
+        debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
+        debugger.state_changed.connect(self._set_state)
+        debugger.selection_made.connect(self._on_view_selection_made)
+        debugger.flow_changed.connect(self._on_debugger_flow_changed)
+        # Before the recordings controller's: the window forgets the branch, then the
+        # recording does.
+        debugger.rewound.connect(self._on_debugger_rewound)
+        return debugger
 
     # -- public commands -----------------------------------------------------------------
     def open_model(self, source: str, overrides: dict[str, Any] | None = None,
@@ -744,6 +766,24 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_worker_watch_changed(self, payload: WatchChanged) -> None:
         self.tree_model.set_watched([layer.name for layer in payload.layers])
+        self._dirty = True
+
+    # -- controller events ---------------------------------------------------------------
+    @Slot()
+    def _on_debugger_flow_changed(self) -> None:
+        self._dirty = True
+
+    @Slot(int)
+    def _on_debugger_rewound(self, step: int) -> None:
+        """The debugger rewound the history to before ``step``: what the window showed of
+        the abandoned branch goes (its settings changes, hover, selection, origin)."""
+        self.settings_trail.rewind(step)
+        self.events_panel.clear()
+        self.plots.hide_hover()
+        if self.history.first_nonfinite is None:
+            self.tree_model.set_origin(None)
+            self._origin_shown = False
+        self.selected_step = None
         self._dirty = True
 
     # -- view events ---------------------------------------------------------------------

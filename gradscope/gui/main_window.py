@@ -64,7 +64,7 @@ from gradscope.gui.module_tree_model import (
     ModuleTreeModel,
 )
 from gradscope.gui.plots import PlotPanel, PlotView, layer_color
-from gradscope.gui.recordings import RecordingController, runs_folder
+from gradscope.gui.recordings import RecordedRun, RecordingController, RecordingParts, runs_folder
 from gradscope.gui.run_comparison import RunComparison
 from gradscope.gui.selection import Selection
 from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
@@ -177,8 +177,7 @@ class MainWindow(QMainWindow):
         self._build_toolbar()
         self._build_status_bar()
         self.debugger = self._build_debugger()
-        self.recordings = RecordingController(self)
-        self.recordings.install_menus(self.file_menu, self.view_menu)
+        self.recordings = self._build_recordings()
         self.comparison = RunComparison(
             self, runs_folder, lambda text: self.statusBar().showMessage(text, 8000)
         )
@@ -435,6 +434,28 @@ class MainWindow(QMainWindow):
         # recording does.
         debugger.rewound.connect(self._on_debugger_rewound)
         return debugger
+
+    def _build_recordings(self) -> RecordingController:
+        recordings = RecordingController(RecordingParts(
+            preferences=self.preferences,
+            persist=self.persist,
+            status_bar=self.statusBar(),
+            toolbar=self.toolbar,
+            loss_plot=self.plots.loss.item,
+            events_panel=self.events_panel,
+            history=lambda: self.history,
+            state=lambda: self.state,
+            model_loaded=self.model_loaded,
+            steps_finished=self.run_thread.worker.steps_finished,
+            rewound=self.debugger.rewound,
+            make_action=self._action,
+            dialog_parent=self,
+        ), self)
+        recordings.install_menus(self.file_menu, self.view_menu, self.recent_menu.menuAction())
+        recordings.recording_loaded.connect(self._on_recordings_recording_loaded)
+        recordings.steps_followed.connect(self._on_recordings_steps_followed)
+        recordings.error_dialog_opened.connect(self._on_recordings_error_dialog_opened)
+        return recordings
 
     # -- public commands -----------------------------------------------------------------
     def open_model(self, source: str, overrides: dict[str, Any] | None = None,
@@ -785,6 +806,21 @@ class MainWindow(QMainWindow):
             self._origin_shown = False
         self.selected_step = None
         self._dirty = True
+
+    @Slot(object)
+    def _on_recordings_recording_loaded(self, run: RecordedRun) -> None:
+        self.show_recorded_run(run.tree, run.history, run.name, run.settings)
+
+    @Slot(int)
+    def _on_recordings_steps_followed(self, added: int) -> None:
+        if added:
+            self._dirty = True
+            # The failing step's trace, when it first arrives in a followed recording.
+            self.debugger.show_recorded_trace(self.history.first_nonfinite)
+
+    @Slot(object)
+    def _on_recordings_error_dialog_opened(self, dialog: ErrorDialog) -> None:
+        self.error_dialog = dialog
 
     # -- view events ---------------------------------------------------------------------
     @Slot(object)

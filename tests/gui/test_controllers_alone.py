@@ -4,15 +4,24 @@ comes out as their signals. Real runs on the run thread, real recordings."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pyqtgraph as pg
+import pytest
+import torch
 from gui_helpers import LOAD_TIMEOUT, RUN_TIMEOUT
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QStatusBar, QWidget
+from PySide6.QtWidgets import QDockWidget, QStatusBar, QToolBar, QWidget
+from torch import nn
 
+import gradscope
 from gradscope.core.history import RunHistory
 from gradscope.core.trace import BACKWARD
+from gradscope.gui.dialogs import ErrorDialog
+from gradscope.gui.events_panel import EventsPanel
+from gradscope.gui.recordings import RecordedRun, RecordingController, RecordingParts
 from gradscope.gui.selection import Selection
 from gradscope.gui.step_debugger import DebuggerParts, StepDebugger
 from gradscope.gui.worker import LoadRequest, RunThread
@@ -117,3 +126,74 @@ def test_step_debugger_given_its_parts_walks_a_trace_and_applies(qtbot, scripts)
         assert run_thread.worker.runner.step_index == 1
     finally:
         run_thread.shutdown()
+
+
+def _record(path: Path, steps: int) -> list[float]:
+    """A real recording of a tiny model's training, as a user's own loop writes one."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    with gradscope.watch(model, record=str(path)) as watch:
+        for _ in range(steps):
+            loss = nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 1))
+            loss.backward()
+            watch.collect(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+    return losses
+
+
+def test_recordings_given_its_parts_open_a_recording(qtbot, preferences, tmp_path) -> None:
+    path = tmp_path / "run.gsrec"
+    losses = _record(path, steps=6)
+    shown = Shown()
+    status_bar = QStatusBar()
+    controller = RecordingController(RecordingParts(
+        preferences=preferences,
+        persist=False,
+        status_bar=status_bar,
+        toolbar=QToolBar(),
+        loss_plot=pg.PlotItem(),
+        events_panel=EventsPanel(),
+        history=lambda: shown.history,
+        state=lambda: shown.state,
+        model_loaded=shown.model_loaded,
+        steps_finished=shown.steps_finished,
+        rewound=shown.rewound,
+        make_action=shown.make_action,
+        dialog_parent=shown.widget,
+    ))
+    runs: list[RecordedRun] = []
+
+    def show(run: RecordedRun) -> None:  # what the window does with a recording read
+        runs.append(run)
+        shown.history, shown.state = run.history, "recording"
+
+    controller.recording_loaded.connect(show)
+    try:
+        with qtbot.waitSignal(controller.recording_opened, timeout=10_000) as opened:
+            assert controller.open_recording(path)
+        assert opened.args == [path]
+        (run,) = runs
+        assert run.name == "run.gsrec" and run.history.count == 6
+        assert list(run.history.losses) == pytest.approx(losses, rel=1e-6)
+        assert run.history.layer_names == ["0", "2"]
+        assert [node.name for node in run.tree] == ["", "0", "1", "2"]
+        assert shown.history is run.history
+        # The writer closed its file: nothing to follow.
+        assert not controller.follow_action.isChecked() and controller.reader is not None
+        assert controller.label.text() == "showing run.gsrec"
+
+        # A file that is no recording: the error dialog is handed to the window.
+        bad = tmp_path / "bad.gsrec"
+        bad.write_text("not a recording")
+        with qtbot.waitSignal(controller.error_dialog_opened, timeout=10_000) as failed:
+            assert not controller.open_recording(bad)
+        dialog = failed.args[0]
+        assert isinstance(dialog, ErrorDialog) and dialog.isVisible()
+        dialog.close()
+        assert len(runs) == 1 and controller.reader is not None  # the recording shown stays
+    finally:
+        controller.close()

@@ -64,13 +64,13 @@ from gradscope.gui.module_tree_model import (
     ModuleTreeModel,
 )
 from gradscope.gui.plots import PlotPanel, PlotView, layer_color
-from gradscope.gui.recordings import RecordingController, runs_folder
+from gradscope.gui.recordings import RecordedRun, RecordingController, RecordingParts, runs_folder
 from gradscope.gui.run_comparison import RunComparison
 from gradscope.gui.selection import Selection
 from gradscope.gui.settings_panel import SettingsPanel, cuda_devices
 from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.status_style import STATUS_COLORS, format_value
-from gradscope.gui.step_debugger import StepDebugger
+from gradscope.gui.step_debugger import DebuggerParts, StepDebugger
 from gradscope.gui.window_geometry import fit_to_screen
 from gradscope.gui.worker import (
     LoadRequest,
@@ -176,15 +176,13 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._build_toolbar()
         self._build_status_bar()
-        self.debugger = StepDebugger(self)
-        self.debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
-        self.recordings = RecordingController(self)
-        self.recordings.install_menus(self.file_menu, self.view_menu)
+        self.debugger = self._build_debugger()
+        self.recordings = self._build_recordings()
         self.comparison = RunComparison(
             self, runs_folder, lambda text: self.statusBar().showMessage(text, 8000)
         )
         self.comparison.runs_changed.connect(self._on_comparison_runs_changed)
-        self.debugger.on_branch_abandoned = self.comparison.add_run
+        self.debugger.branch_abandoned.connect(self.comparison.add_run)
         recent = self.recent_menu.menuAction()
         self.file_menu.insertAction(recent, self.comparison.add_action)
         self.file_menu.insertAction(recent, self.comparison.clear_action)
@@ -413,6 +411,51 @@ class MainWindow(QMainWindow):
             label.setStyleSheet("padding: 0 8px;")
             bar.addPermanentWidget(label)
         self._set_state("empty")
+
+    def _build_debugger(self) -> StepDebugger:
+        debugger = StepDebugger(DebuggerParts(
+            run_thread=self.run_thread,
+            status_bar=self.statusBar(),
+            history=lambda: self.history,
+            state=lambda: self.state,
+            loaded=lambda: self.loaded,
+            model_loaded=self.model_loaded,
+            run_paused=self.run_paused,
+            make_action=self._action,
+            make_dock=self._dock,
+            dialog_parent=self,
+        ), self)
+        debugger.install_docks(self, self.events_dock)
+        debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
+        debugger.state_changed.connect(self._set_state)
+        debugger.selection_made.connect(self._on_view_selection_made)
+        debugger.flow_changed.connect(self._on_debugger_flow_changed)
+        # Before the recordings controller's: the window forgets the branch, then the
+        # recording does.
+        debugger.rewound.connect(self._on_debugger_rewound)
+        return debugger
+
+    def _build_recordings(self) -> RecordingController:
+        recordings = RecordingController(RecordingParts(
+            preferences=self.preferences,
+            persist=self.persist,
+            status_bar=self.statusBar(),
+            toolbar=self.toolbar,
+            loss_plot=self.plots.loss.item,
+            events_panel=self.events_panel,
+            history=lambda: self.history,
+            state=lambda: self.state,
+            model_loaded=self.model_loaded,
+            steps_finished=self.run_thread.worker.steps_finished,
+            rewound=self.debugger.rewound,
+            make_action=self._action,
+            dialog_parent=self,
+        ), self)
+        recordings.install_menus(self.file_menu, self.view_menu, self.recent_menu.menuAction())
+        recordings.recording_loaded.connect(self._on_recordings_recording_loaded)
+        recordings.steps_followed.connect(self._on_recordings_steps_followed)
+        recordings.error_dialog_opened.connect(self._on_recordings_error_dialog_opened)
+        return recordings
 
     # -- public commands -----------------------------------------------------------------
     def open_model(self, source: str, overrides: dict[str, Any] | None = None,
@@ -745,6 +788,39 @@ class MainWindow(QMainWindow):
     def _on_worker_watch_changed(self, payload: WatchChanged) -> None:
         self.tree_model.set_watched([layer.name for layer in payload.layers])
         self._dirty = True
+
+    # -- controller events ---------------------------------------------------------------
+    @Slot()
+    def _on_debugger_flow_changed(self) -> None:
+        self._dirty = True
+
+    @Slot(int)
+    def _on_debugger_rewound(self, step: int) -> None:
+        """The debugger rewound the history to before ``step``: what the window showed of
+        the abandoned branch goes (its settings changes, hover, selection, origin)."""
+        self.settings_trail.rewind(step)
+        self.events_panel.clear()
+        self.plots.hide_hover()
+        if self.history.first_nonfinite is None:
+            self.tree_model.set_origin(None)
+            self._origin_shown = False
+        self.selected_step = None
+        self._dirty = True
+
+    @Slot(object)
+    def _on_recordings_recording_loaded(self, run: RecordedRun) -> None:
+        self.show_recorded_run(run.tree, run.history, run.name, run.settings)
+
+    @Slot(int)
+    def _on_recordings_steps_followed(self, added: int) -> None:
+        if added:
+            self._dirty = True
+            # The failing step's trace, when it first arrives in a followed recording.
+            self.debugger.show_recorded_trace(self.history.first_nonfinite)
+
+    @Slot(object)
+    def _on_recordings_error_dialog_opened(self, dialog: ErrorDialog) -> None:
+        self.error_dialog = dialog
 
     # -- view events ---------------------------------------------------------------------
     @Slot(object)

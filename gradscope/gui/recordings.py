@@ -1,57 +1,71 @@
 """Recordings in the app: every run the app starts is recorded to a per-user folder (so
 closing the app or a crash loses nothing), File > Open recording shows one without its model,
 and "Follow" keeps a recording that another process is still writing up to date, about
-twice a second. The engine's RecordingWriter/RecordingReader do the work."""
+twice a second. The engine's RecordingWriter/RecordingReader do the work. The controller is
+given the parts it uses (RecordingParts), not the window, and hands the window what it read
+with signals."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QObject, QStandardPaths, QTimer, Signal, Slot
+import pyqtgraph as pg
+from PySide6.QtCore import QObject, QSettings, QStandardPaths, QTimer, Signal, SignalInstance, Slot
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QFileDialog, QLabel
+from PySide6.QtWidgets import QFileDialog, QLabel, QMenu, QStatusBar, QToolBar, QWidget
 
 from gradscope.core.errors import GradScopeError
+from gradscope.core.history import RunHistory
 from gradscope.core.module_tree import ModuleTree
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.core.watch import LayerInfo
 from gradscope.gui.dialogs import ErrorDialog
+from gradscope.gui.events_panel import EventsPanel
 from gradscope.gui.rank_set_view import RankSetView
 from gradscope.gui.settings_trail import SettingsTrail
 from gradscope.gui.worker import ModelLoaded, StepsFinished
 
 if TYPE_CHECKING:
-    from gradscope.core.history import RunHistory
     from gradscope.core.recording import RecordingReader, RecordingWriter
 
 
-class RecordingsWindow(Protocol):
-    """What the recordings controller uses of the app's window. The window passes itself; naming
-    what is used here keeps this module from importing the window's module, which imports
-    this one."""
+@dataclass(frozen=True)
+class RecordingParts:
+    """What the recordings controller is given by whoever shows it (the app's window): where
+    it puts its widgets, the signals it records from, and reads of what the window shows now
+    (its history and state change with each model or recording). What it asks of the window
+    in return goes out as RecordingController's signals."""
 
-    state: Any
-    persist: Any
-    history: Any
-    debugger: Any
-    toolbar: Any
-    run_thread: Any
-    recent_menu: Any
-    preferences: Any
-    plots: Any
-    model_loaded: Any
-    events_panel: Any
-    _dirty: Any
-    _action: Any
+    preferences: QSettings
+    persist: bool  # remember "Record runs" in the preferences
+    status_bar: QStatusBar
+    toolbar: QToolBar  # a distributed run's rank selector
+    loss_plot: pg.PlotItem  # every rank's loss
+    events_panel: EventsPanel  # which rank went non-finite first
+    history: Callable[[], RunHistory]  # the history shown now (a followed recording grows it)
+    state: Callable[[], str]  # the window's state ("recording" while one is shown)
+    model_loaded: SignalInstance  # (ModelLoaded): a new model, a new recording to start
+    steps_finished: SignalInstance  # (StepsFinished): the run thread's steps, to record
+    rewound: SignalInstance  # (int): the run went back to before this step
+    # (text, slot, shortcut=None, icon=None, tip="") -> a QAction of the window, so that its
+    # shortcut works wherever the focus is and is listed with the window's
+    make_action: Callable[..., QAction]
+    dialog_parent: QWidget  # for the file and error dialogs
 
-    def statusBar(self, *args: Any, **kwargs: Any) -> Any: ...
 
-    def show_recorded_run(self, *args: Any, **kwargs: Any) -> Any: ...
+@dataclass(frozen=True)
+class RecordedRun:
+    """A recording read, for the window to show (without a model: nothing to run)."""
 
-    def error_dialog(self, *args: Any, **kwargs: Any) -> Any: ...
+    tree: ModuleTree
+    history: RunHistory
+    name: str  # the file's name, shown as the run's
+    settings: RunSettings  # the settings it was recorded with
 
 
 FOLLOW_INTERVAL_MS = 500
@@ -101,50 +115,54 @@ def _flat_tree(history: RunHistory) -> ModuleTree:
 
 
 class RecordingController(QObject):
-    recording_opened = Signal(object)  # Path
-    steps_followed = Signal(int)  # how many new steps follow mode added
+    # A recording read (RecordedRun), for the window to show now; the controller then
+    # follows it, shows its rank set and emits recording_opened.
+    recording_loaded = Signal(object)
+    recording_opened = Signal(object)  # Path, once the recording is shown
+    # How many new steps follow mode added to the history shown (parts.history()).
+    steps_followed = Signal(int)
+    error_dialog_opened = Signal(object)  # ErrorDialog: a recording could not be opened
 
-    def __init__(self, window: RecordingsWindow) -> None:
-        super().__init__(window)
-        self.window = window
-        self.preferences = window.preferences
+    def __init__(self, parts: RecordingParts, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.parts = parts
+        self.preferences = parts.preferences
         self.writer: RecordingWriter | None = None
         self.reader: RecordingReader | None = None
         self._layers: tuple[tuple[str, ...], list[LayerInfo]] = ((), [])
         self._settings_trail: SettingsTrail | None = None
         self._to_record: ModelLoaded | None = None  # loaded, recorded from its first step
 
-        self.open_action = window._action(
+        self.open_action = parts.make_action(
             "Open &recording…", self._on_open_action_triggered, "Ctrl+Shift+R",
             tip="Open a GradScope recording (.gsrec) without its model")
-        self.record_action = QAction("Record &runs", window)
+        self.record_action = QAction("Record &runs", self)
         self.record_action.setCheckable(True)
         self.record_action.setChecked(
-            window.persist and str(self.preferences.value("recording/enabled", "true")) == "true")
+            parts.persist and str(self.preferences.value("recording/enabled", "true")) == "true")
         self.record_action.setStatusTip(f"Record every run to {runs_folder()}")
         self.record_action.toggled.connect(self._on_record_action_toggled)
-        self.follow_action = QAction("&Follow recording", window)
+        self.follow_action = QAction("&Follow recording", self)
         self.follow_action.setCheckable(True)
         self.follow_action.setStatusTip("Keep reading steps another process writes")
         self.follow_action.toggled.connect(self._on_follow_action_toggled)
         self.label = QLabel("")
         self.label.setStyleSheet("padding: 0 8px; color: #555;")
-        window.statusBar().addPermanentWidget(self.label)
+        parts.status_bar.addPermanentWidget(self.label)
         self.follow_timer = QTimer(self)
         self.follow_timer.setInterval(FOLLOW_INTERVAL_MS)
         self.follow_timer.timeout.connect(self._on_follow_timer_timeout)
 
-        self.rank_view = RankSetView(
-            self, window.toolbar, window.plots.loss.item, window.events_panel
-        )
+        self.rank_view = RankSetView(self, parts.toolbar, parts.loss_plot, parts.events_panel)
         self.rank_view.rank_chosen.connect(self._on_rank_view_rank_chosen)
-        window.model_loaded.connect(self._on_window_model_loaded)
-        window.run_thread.worker.steps_finished.connect(self._on_worker_steps_finished)
-        window.debugger.rewound.connect(self._on_debugger_rewound)
+        parts.model_loaded.connect(self._on_window_model_loaded)
+        parts.steps_finished.connect(self._on_worker_steps_finished)
+        parts.rewound.connect(self._on_debugger_rewound)
 
-    def install_menus(self, file_menu: Any, view_menu: Any) -> None:
-        actions = file_menu.actions()
-        anchor = next((a for a in actions if a.menu() is self.window.recent_menu), None)
+    def install_menus(self, file_menu: QMenu, view_menu: QMenu, before: QAction | None) -> None:
+        """Open recording, Recent recorded runs and Record runs go into ``file_menu`` above
+        ``before`` (at its end for None); Follow recording at the end of ``view_menu``."""
+        anchor = before if before in file_menu.actions() else None
         file_menu.insertAction(anchor, self.open_action)
         self.recent_runs_menu = file_menu.addMenu("Recent recorded r&uns")
         file_menu.insertMenu(anchor, self.recent_runs_menu)
@@ -178,7 +196,7 @@ class RecordingController(QObject):
                 path, payload.tree, payload.settings.to_dict(), overwrite=True,
                 info={"source": payload.source, "device": payload.device})
         except (OSError, GradScopeError) as error:
-            self.window.statusBar().showMessage(f"not recording this run: {error}", 10000)
+            self.parts.status_bar.showMessage(f"not recording this run: {error}", 10000)
             self.writer = None
             return
         self.label.setText(f"recording to {path.name}")
@@ -193,7 +211,7 @@ class RecordingController(QObject):
 
     @Slot(object)
     def _on_worker_steps_finished(self, payload: StepsFinished) -> None:
-        if self._to_record is not None and self.window.state != "recording":
+        if self._to_record is not None and self.parts.state() != "recording":
             loaded, self._to_record = self._to_record, None
             self._start_writer(loaded)
         writer = self.writer
@@ -225,11 +243,11 @@ class RecordingController(QObject):
             try:
                 writer.close()
             except GradScopeError as error:
-                self.window.statusBar().showMessage(str(error), 10000)
+                self.parts.status_bar.showMessage(str(error), 10000)
             self.label.setText("")
 
     def _on_record_action_toggled(self, checked: bool) -> None:
-        if self.window.persist:
+        if self.parts.persist:
             self.preferences.setValue("recording/enabled", "true" if checked else "false")
         if not checked:
             self.close_writer()
@@ -237,9 +255,10 @@ class RecordingController(QObject):
 
     # -- opening and following ---------------------------------------------------------
     def open_recording(self, path: str | os.PathLike[str], rank: int | None = None) -> bool:
-        """Show a recording in the window; follow it while a writer is still at it. A rank
-        file of a distributed run (or the set's common name) shows the set: the rank named,
-        ``rank``, or for the common name the lowest rank's (rank 0's)."""
+        """Read a recording and hand it to the window to show (recording_loaded); follow it
+        while a writer is still at it. A rank file of a distributed run (or the set's common
+        name) shows the set: the rank named, ``rank``, or for the common name the lowest
+        rank's (rank 0's)."""
         from gradscope.core.recording import RecordingReader
         from gradscope.core.recording.rank_set import find_rank_set, load_rank_set
 
@@ -262,9 +281,10 @@ class RecordingController(QObject):
             reader = RecordingReader(path)
             tree, history = reader.load(max_rows=FIRST_VIEW_ROWS)
         except GradScopeError as error:
-            dialog = ErrorDialog(self.window, "The recording could not be opened",
-                                 error.message, error.details, hint=RECORDING_HINT)
-            self.window.error_dialog = dialog
+            dialog = ErrorDialog(self.parts.dialog_parent,
+                                 "The recording could not be opened", error.message,
+                                 error.details, hint=RECORDING_HINT)
+            self.error_dialog_opened.emit(dialog)
             dialog.open()
             return False
         self._stop_following()
@@ -274,7 +294,8 @@ class RecordingController(QObject):
         if tree is None:
             tree = _flat_tree(history)
         name = Path(path).name
-        self.window.show_recorded_run(tree, history, name, _settings_of(reader.settings))
+        self.recording_loaded.emit(
+            RecordedRun(tree, history, name, _settings_of(reader.settings)))
         live = reader.is_live()
         self.follow_action.setChecked(live)
         self.label.setText(f"{'following' if live else 'showing'} {name}")
@@ -307,18 +328,15 @@ class RecordingController(QObject):
 
     def _on_follow_timer_timeout(self) -> None:
         reader = self.reader
-        if reader is None or self.window.state != "recording":
+        if reader is None or self.parts.state() != "recording":
             self.follow_timer.stop()
             return
         try:
-            added = reader.read_new_steps(self.window.history)
+            added = reader.read_new_steps(self.parts.history())
         except GradScopeError as error:
-            self.window.statusBar().showMessage(str(error), 10000)
+            self.parts.status_bar.showMessage(str(error), 10000)
             self.follow_action.setChecked(False)
             return
-        if added:
-            self.window._dirty = True
-            self.window.debugger.show_recorded_trace(self.window.history.first_nonfinite)
         self.steps_followed.emit(added)
         if not added and not reader.is_live():
             self.follow_action.setChecked(False)
@@ -327,7 +345,8 @@ class RecordingController(QObject):
     def _on_open_action_triggered(self) -> None:
         folder = runs_folder()
         path, _ = QFileDialog.getOpenFileName(
-            self.window, "Open recording", str(folder if folder.exists() else Path.cwd()),
+            self.parts.dialog_parent, "Open recording",
+            str(folder if folder.exists() else Path.cwd()),
             f"GradScope recordings (*{SUFFIX});;All files (*)")
         if path:
             self.open_recording(path)

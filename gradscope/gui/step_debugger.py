@@ -1,55 +1,55 @@
 """Debugging one step: the trace timeline, the diagnosis pane, "pause before the optimizer
-step" with Apply, and Rewind. Wires those widgets to the window and its run thread; the
-engine does the work (trace events, rewind snapshots), this only asks and shows."""
+step" with Apply, and Rewind. Given the parts it uses (the run thread, the status bar, the
+window's signals and reads of what it shows: DebuggerParts), not the window, and tells the
+window what to do with signals; the engine does the work (trace events, rewind snapshots),
+this only asks and shows."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtCore import QObject, Qt, Signal, SignalInstance, Slot
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QInputDialog, QLabel, QStyle
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QStatusBar,
+    QStyle,
+    QWidget,
+)
 
-from gradscope.core.history import Event
+from gradscope.core.history import Event, RunHistory
 from gradscope.core.trace import BACKWARD, TraceEvent, gradients_until, recorded_trace
 from gradscope.gui.diagnosis_pane import DiagnosisPane
+from gradscope.gui.selection import Selection
 from gradscope.gui.timeline import TraceCursor, TraceTimeline
-from gradscope.gui.worker import RunPaused, RunRewound, StepsFinished
+from gradscope.gui.worker import ModelLoaded, RunPaused, RunRewound, RunThread, StepsFinished
 
 
-class DebuggerWindow(Protocol):
-    """What the step debugger uses of the app's window. The window passes itself; naming
-    what is used here keeps this module from importing the window's module, which imports
-    this one."""
+@dataclass(frozen=True)
+class DebuggerParts:
+    """What the step debugger is given by whoever shows it (the app's window): the run thread
+    it asks to apply and rewind, the status bar it writes to, the signals it listens to, and
+    reads of what the window shows now (its history and state change with each model or
+    recording). What it asks of the window in return goes out as StepDebugger's signals."""
 
-    history: Any
-    _action: Any
-    state: Any
-    run_thread: Any
-    events_dock: Any
-    _dock: Any
-    _dirty: Any
-    tree_model: Any
-    settings_trail: Any
-    selected_step: Any
-    run_paused: Any
-    plots: Any
-    model_loaded: Any
-    loaded: Any
-    events_panel: Any
-    _origin_shown: Any
-
-    def _set_state(self, *args: Any, **kwargs: Any) -> Any: ...
-
-    def statusBar(self, *args: Any, **kwargs: Any) -> Any: ...
-
-    def tabifyDockWidget(self, *args: Any, **kwargs: Any) -> Any: ...
-
-    def select(self, *args: Any, **kwargs: Any) -> Any: ...
-
-    def addDockWidget(self, *args: Any, **kwargs: Any) -> Any: ...
+    run_thread: RunThread
+    status_bar: QStatusBar
+    history: Callable[[], RunHistory]  # the history shown now
+    state: Callable[[], str]  # the window's state ("ready", "running", "before_apply", ...)
+    loaded: Callable[[], ModelLoaded | None]  # the live model shown, None for a recording
+    model_loaded: SignalInstance  # (ModelLoaded), after the window has shown the model
+    run_paused: SignalInstance  # (RunPaused), after the window has taken the pause in
+    # (text, slot, shortcut=None, icon=None, tip="") -> a QAction of the window, so that its
+    # shortcut works wherever the focus is and is listed with the window's
+    make_action: Callable[..., QAction]
+    make_dock: Callable[[str, str, QWidget], QDockWidget]  # (title, name, widget)
+    dialog_parent: QWidget  # for the Rewind dialog
 
 
 def _megabytes(count: int) -> str:
@@ -57,13 +57,21 @@ def _megabytes(count: int) -> str:
 
 
 class StepDebugger(QObject):
-    """Owns the "Step trace" and "Diagnosis" docks and the Apply/Rewind actions."""
+    """Owns the "Step trace" and "Diagnosis" docks and the Apply/Rewind actions. Given its
+    parts (DebuggerParts), not the window; what it asks of the window goes out as signals."""
 
-    rewound = Signal(int)  # the step the run went back to (after the window forgot the rest)
+    # The step the run went back to, after the debugger rewound the history shown (the
+    # window forgets its own state of the abandoned branch: selection, origin shown).
+    rewound = Signal(int)
+    # The history a rewind abandoned, to keep it drawn as a compared run: (name, RunHistory).
+    branch_abandoned = Signal(str, object)
+    state_changed = Signal(str)  # the run went to this state: Apply/Rewind ran it, or it paused
+    selection_made = Signal(object)  # Selection: the walked trace event's module and step
+    flow_changed = Signal()  # flow_override/flow_title changed: the flow chart is to redraw
 
-    def __init__(self, window: DebuggerWindow) -> None:
-        super().__init__(window)
-        self.window = window
+    def __init__(self, parts: DebuggerParts, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.parts = parts
         self.timeline = TraceTimeline()
         self.diagnosis = DiagnosisPane()
         self.trace_events: list[TraceEvent] = []
@@ -73,49 +81,52 @@ class StepDebugger(QObject):
         self.snapshot_bytes = 0
         self._origin_shown = None
         self._trace_origin: Any = None  # the recorded origin whose trace the pane shows
-        # Given the history a rewind abandons (name, history), to keep it drawn.
-        self.on_branch_abandoned: Callable[[str, Any], Any] | None = None
 
-        self.trace_dock = window._dock("Step trace", "trace", self.timeline)
-        self.diagnosis_dock = window._dock("Diagnosis", "diagnosis", self.diagnosis)
-        window.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.trace_dock)
-        window.tabifyDockWidget(window.events_dock, self.diagnosis_dock)
-        window.events_dock.raise_()
+        self.trace_dock = parts.make_dock("Step trace", "trace", self.timeline)
+        self.diagnosis_dock = parts.make_dock("Diagnosis", "diagnosis", self.diagnosis)
         self.trace_dock.hide()
 
         sp = QStyle.StandardPixmap
-        self.pause_before_apply_action = QAction("Pause &before optimizer step", window)
+        make_action = parts.make_action
+        self.pause_before_apply_action = QAction("Pause &before optimizer step", self)
         self.pause_before_apply_action.setCheckable(True)
         self.pause_before_apply_action.setStatusTip(
             "Stop each step after backward: look at the complete gradients, change clip or "
             "learning rate, then Apply")
         self.pause_before_apply_action.toggled.connect(self._on_pause_before_apply_toggled)
-        self.apply_action = window._action(
+        self.apply_action = make_action(
             "&Apply optimizer step", self.apply, "F11", sp.SP_DialogApplyButton,
             "Apply the optimizer step of the step paused before it")
-        self.rewind_action = window._action(
+        self.rewind_action = make_action(
             "Re&wind…", self.ask_rewind, "Ctrl+Z", sp.SP_MediaSeekBackward,
             "Go back to before an earlier step and run again from there")
-        self.previous_event_action = window._action(
+        self.previous_event_action = make_action(
             "Previous trace event", self.timeline.previous, "Left",
             tip="Walk the traced step backwards")
-        self.next_event_action = window._action(
+        self.next_event_action = make_action(
             "Next trace event", self.timeline.next, "Right",
             tip="Walk the traced step: forward pass, then backward")
-        self.first_nonfinite_event_action = window._action(
+        self.first_nonfinite_event_action = make_action(
             "First NaN/Inf trace event", self.timeline.jump_to_first_nonfinite, "F",
             tip="Jump to the trace event where a NaN/Inf first appeared")
         self.memory_label = QLabel("")
         self.memory_label.setStyleSheet("padding: 0 8px;")
-        window.statusBar().addPermanentWidget(self.memory_label)
+        parts.status_bar.addPermanentWidget(self.memory_label)
 
-        worker = window.run_thread.worker
+        worker = parts.run_thread.worker
         worker.steps_finished.connect(self._on_worker_steps_finished)
         worker.run_rewound.connect(self._on_worker_run_rewound)
-        window.run_paused.connect(self._on_window_run_paused)
-        window.model_loaded.connect(self._on_window_model_loaded)
+        parts.run_paused.connect(self._on_window_run_paused)
+        parts.model_loaded.connect(self._on_window_model_loaded)
         self.timeline.event_selected.connect(self._on_timeline_event_selected)
         self.update_actions()
+
+    def install_docks(self, window: QMainWindow, beside: QDockWidget) -> None:
+        """The Step trace under the plots; Diagnosis a tab of ``beside`` (Events), which
+        stays in front."""
+        window.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.trace_dock)
+        window.tabifyDockWidget(beside, self.diagnosis_dock)
+        beside.raise_()
 
     def install_menus(self, run_menu: Any, view_menu: Any, toolbar: Any) -> None:
         run_menu.addSeparator()
@@ -132,41 +143,39 @@ class StepDebugger(QObject):
 
     # -- commands ----------------------------------------------------------------------
     def apply(self) -> None:
-        window = self.window
-        if window.state == "before_apply" and window.run_thread.apply_pending():
-            window._set_state("running")
+        if self.parts.state() == "before_apply" and self.parts.run_thread.apply_pending():
+            self.state_changed.emit("running")
 
     def _live(self) -> bool:
         """A model is loaded and shown (not a recording): Apply and Rewind act on it."""
-        window = self.window
-        return window.loaded is not None and window.state not in ("recording", "loading",
-                                                                  "empty")
+        return self.parts.loaded() is not None and self.parts.state() not in (
+            "recording", "loading", "empty")
 
     def ask_rewind(self) -> None:
         if not self._live():
             return
         if not self.rewind_steps:
-            self.window.statusBar().showMessage(
+            self.parts.status_bar.showMessage(
                 "Nothing to rewind to: set Rewind depth in Run settings (it keeps that many "
                 "steps)", 8000)
             return
         labels = [f"before step {step}" for step in reversed(self.rewind_steps)]
         choice, ok = QInputDialog.getItem(
-            self.window, "Rewind", f"Go back to ({_megabytes(self.snapshot_bytes)} kept):",
-            labels, 0, False)
+            self.parts.dialog_parent, "Rewind",
+            f"Go back to ({_megabytes(self.snapshot_bytes)} kept):", labels, 0, False)
         if ok:
             self.rewind(int(choice.rsplit(" ", 1)[-1]))
 
     def rewind(self, step: int) -> bool:
-        if self.window.state == "running" or not self._live():
+        if self.parts.state() == "running" or not self._live():
             return False
-        if self.window.run_thread.rewind(step):
-            self.window._set_state("running")
+        if self.parts.run_thread.rewind(step):
+            self.state_changed.emit("running")
             return True
         return False
 
     def update_actions(self) -> None:
-        state = self.window.state
+        state = self.parts.state()
         live = self._live()
         traced = bool(self.timeline.events)
         self.previous_event_action.setEnabled(traced)
@@ -176,7 +185,7 @@ class StepDebugger(QObject):
         self.apply_action.setEnabled(live and state == "before_apply")
         self.rewind_action.setEnabled(
             live and bool(self.rewind_steps) and state != "running"
-            and self.window.history.count > 0  # a failed first step has nothing to undo
+            and self.parts.history().count > 0  # a failed first step has nothing to undo
         )
         self.memory_label.setText(
             f"rewind: {len(self.rewind_steps)} step(s), {_megabytes(self.snapshot_bytes)}"
@@ -219,10 +228,10 @@ class StepDebugger(QObject):
 
     # -- events ------------------------------------------------------------------------
     def _on_pause_before_apply_toggled(self, checked: bool) -> None:
-        self.window.run_thread.worker.pause_before_apply = checked
+        self.parts.run_thread.worker.pause_before_apply = checked
 
     @Slot(object)
-    def _on_window_model_loaded(self, _payload: Any) -> None:
+    def _on_window_model_loaded(self, _payload: ModelLoaded) -> None:
         self.trace_events = []
         self.timeline.set_events([])
         self.flow_override = None
@@ -245,10 +254,9 @@ class StepDebugger(QObject):
     def _on_window_run_paused(self, payload: RunPaused) -> None:
         self.rewind_steps = list(payload.rewind_steps)
         self.snapshot_bytes = payload.snapshot_bytes
-        window = self.window
         if payload.reason == "before_apply":
-            window._set_state("before_apply")
-        self.show_origin(window.history.first_nonfinite)
+            self.state_changed.emit("before_apply")
+        self.show_origin(self.parts.history().first_nonfinite)
         self.update_actions()
 
     def show_origin(self, origin: Any) -> None:
@@ -262,16 +270,15 @@ class StepDebugger(QObject):
 
     @Slot(object)
     def _on_worker_run_rewound(self, payload: RunRewound) -> None:
-        window = self.window
-        abandoned = window.history.first_nonfinite
-        last = int(window.history.steps[-1]) if window.history.count else payload.step - 1
+        history = self.parts.history()
+        abandoned = history.first_nonfinite
+        last = int(history.steps[-1]) if history.count else payload.step - 1
         # The abandoned branch stays on the plots, drawn as a compared run (its curves
         # disappeared with the rewind).
-        branch = copy.deepcopy(window.history) if last >= payload.step else None
-        window.history.rewind_to(payload.step)
-        if branch is not None and self.on_branch_abandoned is not None:
-            self.on_branch_abandoned(f"branch {payload.step}-{last} (rewound)", branch)
-        window.settings_trail.rewind(payload.step)
+        branch = copy.deepcopy(history) if last >= payload.step else None
+        history.rewind_to(payload.step)
+        if branch is not None:
+            self.branch_abandoned.emit(f"branch {payload.step}-{last} (rewound)", branch)
         # The abandoned branch stays told in Events (with its first NaN/Inf, if it had one).
         message = (f"rewound to before step {payload.step}: the abandoned branch ran steps "
                    f"{payload.step}-{last}")
@@ -279,39 +286,32 @@ class StepDebugger(QObject):
             message += f"; its first NaN/Inf: {abandoned.describe()}"
         else:
             message += "; it had no NaN/Inf"
-        window.history.events.append(Event(payload.step, "rewind", None, message))
-        window.events_panel.clear()
-        window.plots.hide_hover()
+        history.events.append(Event(payload.step, "rewind", None, message))
         # The traced step and the diagnosis of the abandoned branch are gone with it.
         if self.trace_events and self.trace_events[0].step >= payload.step:
             self.trace_events = []
             self.timeline.set_events([])
-        if window.history.first_nonfinite is None:
-            window.tree_model.set_origin(None)
-            window._origin_shown = False
+        if history.first_nonfinite is None:
             self.diagnosis.show_origin(None)
             self._origin_shown = None
-        window.selected_step = None
         self.rewind_steps = list(payload.rewind_steps)
         self.snapshot_bytes = payload.snapshot_bytes
         self.flow_override = None
-        window._dirty = True
         self.rewound.emit(payload.step)
         self.update_actions()
 
     @Slot(object)
     def _on_timeline_event_selected(self, cursor: TraceCursor) -> None:
         event = cursor.event
-        window = self.window
         if not cursor.walked:
             # A new traced step: the flow chart shows it complete until the user walks it.
             if self.flow_override is not None:
                 self.flow_override = None
-                window._dirty = True
+                self.flow_changed.emit()
             return
         if event.phase == BACKWARD:
             self.flow_override = gradients_until(self.trace_events, cursor.index)
             self.flow_title = f"Flow at step {event.step}, event {cursor.index + 1}"
         else:
             self.flow_override = None
-        window.select(layer=event.module, step=event.step)
+        self.selection_made.emit(Selection(event.module, event.step))

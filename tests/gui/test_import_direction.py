@@ -22,6 +22,8 @@ def _imported_modules(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("module", ["rank_set_view.py", "run_comparison.py"])
+@pytest.mark.parametrize(
+    "module", ["rank_set_view.py", "run_comparison.py", "step_debugger.py", "recordings.py"]
+)
 def test_controller_does_not_import_the_window(module: str) -> None:
     assert "gradscope.gui.main_window" not in _imported_modules(GUI / module)

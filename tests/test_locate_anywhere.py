@@ -454,3 +454,52 @@ def test_gradient_accumulation_repeats_each_micro_batch_in_turn():
     assert origin.phase == "backward" and origin.module == "1"
     assert origin.details["forward_call"] == 0
     assert (origin.file, origin.line) == (__file__, _line_of("# row root marker"))
+
+
+def _row_root_steps(steps: int, *, copy_mid_step: bool = False):
+    """Linear then RowRoot; the last step's rows are all zero: sqrt(0) in backward."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), RowRoot())
+    watch = gradscope.watch(model)
+    found = []
+    for step in range(steps):
+        model.zero_grad()
+        x = torch.randn(4, 3)
+        if step == steps - 1:
+            x = torch.zeros(4, 3)
+            model[0].bias.data.zero_()
+        loss = model(x).sum()
+        if copy_mid_step:  # after the forward, before collect(): an EMA or reference copy
+            twin = copy.deepcopy(model)
+            twin(torch.randn(4, 3)).sum().backward()
+            assert twin[0].weight.grad is not None
+        loss.backward()
+        stats = watch.collect(loss)
+        found.append(stats)
+        if step >= 3:
+            assert not model._forward_pre_hooks and len(model._forward_hooks) == 1
+    watch.close()
+    assert not model._forward_hooks  # close() removed the one left
+    return found
+
+
+def test_after_the_first_forwards_one_hook_captures_and_still_locates():
+    """A forward that draws from no generator and writes no buffer needs no pre-hook: after
+    the first forwards only the forward hook stays, and a backward NaN many steps later is
+    still located at its operation and line."""
+    found = _row_root_steps(8)
+    assert not any(s.nonfinite for s in found[:-1])
+    origin = found[-1].origin
+    assert origin.phase == "backward" and origin.module == "1"
+    assert (origin.file, origin.line) == (__file__, _line_of("# row root marker"))
+
+
+def test_a_copy_of_the_watched_model_mid_step_works_and_the_watch_goes_on():
+    """copy.deepcopy of a watched model mid-step copies the capture's hooks: on the copy
+    they do nothing, and the watch goes on locating."""
+    found = _row_root_steps(6, copy_mid_step=True)
+    origin = found[-1].origin
+    assert origin.phase == "backward" and origin.module == "1"
+    assert (origin.file, origin.line) == (__file__, _line_of("# row root marker"))

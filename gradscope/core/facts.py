@@ -122,12 +122,20 @@ class StepStats:
     # When the step was collected (seconds since the epoch, ``time.time()``): the app's
     # wall-clock axis. None for steps stored without it (older recordings).
     wall_time: float | None = None
+    # Whether the step is non-finite, as the watch decided it when it made the step (None:
+    # work it out from the fields; see ``nonfinite``).
+    known_nonfinite: bool | None = None
+    # Per-layer figures of the detail statistics registered beyond the built-in ones
+    # (gradscope.core.watch.statistics), by name; on detail steps only.
+    figures: dict[str, np.ndarray] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nonfinite(self) -> bool:
         """True when anything of this step, watched or not, is NaN or Inf (a step the loss
         scaler skips is not, unless the scale has collapsed)."""
+        if self.known_nonfinite is not None:
+            return self.known_nonfinite
         return (
             self.scale_collapsed
             or self.loss_nonfinite

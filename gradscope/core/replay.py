@@ -34,7 +34,12 @@ from torch.utils._pytree import tree_map
 
 from gradscope.core.facts import Origin, StepStats
 from gradscope.core.origin import float_tensors
-from gradscope.core.rng import RandomState, capture_random_state, restore_random_state
+from gradscope.core.rng import (
+    NO_RANDOM_STATE,
+    RandomState,
+    capture_random_state,
+    restore_random_state,
+)
 from gradscope.core.safe_locate import locate_safely, statistics_origin
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.wrappers import sharded_reason, unwrap_model, wrapper_chain
@@ -45,6 +50,9 @@ DEFAULT_GRADIENT_BYTES = 256 * 2**20
 MAX_CALLS_PER_STEP = 16
 # Forwards that show whether the model draws from Python's or numpy's generator.
 HOST_DRAW_CHECKS = 3
+
+
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
 @dataclass
@@ -66,7 +74,16 @@ class ForwardCall:
     # index in float_tensors(output) -> gradient that arrived there (None until it does)
     output_grads: dict[int, torch.Tensor | None] = field(default_factory=dict)
     gradient_bytes_over: int | None = None  # the output's gradient was too large to keep
-    input_bytes: int = 0  # what its top-level tensor arguments hold (kept alive by it)
+    input_bytes: int = -1  # what its top-level tensor arguments hold (-1: not counted yet)
+
+    def counted_input_bytes(self) -> int:
+        if self.input_bytes < 0:
+            self.input_bytes = sum(
+                t.numel() * t.element_size()
+                for t in (*self.args, *self.kwargs.values())
+                if isinstance(t, torch.Tensor)
+            )
+        return self.input_bytes
 
 
 def _loss_inside(output: Any) -> bool:
@@ -76,7 +93,7 @@ def _loss_inside(output: Any) -> bool:
 
 
 def _autocast_now() -> list[_Autocast]:
-    if not torch._C._is_any_autocast_enabled():
+    if not _any_autocast():
         return []  # the common case: one call
     found = []
     for device_type in ("cpu", "cuda"):
@@ -178,23 +195,66 @@ class StepReplay:
         # and from torch's CPU generator (dropout on a CPU)?
         self._cpu_draws: bool | None = None
         self._host_checks_left = HOST_DRAW_CHECKS
+        self._pre_handle: Any = None
+        self._post_only = False
         self.attach()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy of the watched model (``copy.deepcopy`` for an EMA or reference model,
+        ``pickle``) carries the capture's hooks with it: there they do nothing, and the
+        step being captured (which may hold outputs of autograd, which cannot be copied)
+        stays behind."""
+        state = dict(self.__dict__)
+        state.update(
+            calls=[],
+            _current=None,
+            _handles=[],
+            _pre_handle=None,
+            _post_only=False,
+            failed="a copy of the watched model is not captured",
+        )
+        return state
+
     def attach(self) -> None:
-        """Install the capture's two hooks on the model's root (done when it is made)."""
+        """Install the capture's hooks on the model's root (done when it is made): a
+        forward pre-hook (the random states and buffers before the forward) and a forward
+        hook (the output). Once the first forwards show that the pre-hook keeps nothing (no
+        generator drawn from, no buffer written, CUDA not initialised) only the forward hook
+        stays, and it takes the inputs: a hook less on every step."""
         if not self._handles:
+            self._pre_handle = self.model.register_forward_pre_hook(
+                self._before_forward, with_kwargs=True
+            )
             self._handles = [
-                self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+                self._pre_handle,
                 self.model.register_forward_hook(self._after_forward, with_kwargs=True),
             ]
+            self._post_only = False
 
     def detach(self) -> None:
         """Remove the hooks (the benchmark's watch without the capture); the kept calls go."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self.calls.clear()
-        self._new_step = True
+        self._pre_handle = None
+        self._post_only = False
+        self.step_collected()
+
+    def _drop_pre_hook(self) -> None:
+        """The forward hook alone from now on (see :meth:`attach`)."""
+        if self._pre_handle is not None:
+            self._pre_handle.remove()
+            self._handles.remove(self._pre_handle)
+            self._pre_handle = None
+        self._post_only = True
+
+    def _restore_pre_hook(self) -> None:
+        """CUDA was initialised after the first forwards: its generator is kept again."""
+        self._pre_handle = self.model.register_forward_pre_hook(
+            self._before_forward, with_kwargs=True, prepend=True
+        )
+        self._handles.insert(0, self._pre_handle)
+        self._post_only = False
 
     # -- capture -------------------------------------------------------------------------
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -209,6 +269,20 @@ class StepReplay:
             self._give_up(error)
 
     def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._post_only:
+            if self._repeating or self.failed or not torch.is_grad_enabled() or not module.training:
+                return
+            if torch._C._current_graph_task_id() != -1:
+                return  # a checkpointed forward recomputed during backward
+            if torch.cuda.is_initialized():
+                self._restore_pre_hook()  # from the next forward on
+            try:
+                self._capture(args, kwargs)
+                call, self._current = self._current, None
+                self._prepare_backward(call, output)
+            except Exception as error:
+                self._give_up(error)
+            return
         call, self._current = self._current, None
         if call is None:
             return
@@ -229,47 +303,45 @@ class StepReplay:
 
     def _capture(self, args: tuple, kwargs: dict) -> None:
         if self._new_step:
-            self.calls.clear()
-            self._kept_bytes = 0
+            self.step_collected()
             self.dropped_calls = 0
             self._new_step = False
-        call = ForwardCall(
-            args,
-            dict(kwargs),
-            capture_random_state(
+        if self._post_only:  # nothing to keep of the generators and buffers
+            random_state, buffers = NO_RANDOM_STATE, []
+        else:
+            random_state = capture_random_state(
                 host=self._host_draws is not False, torch_cpu=self._cpu_draws is not False
-            ),
-            _autocast_now(),
-            self._buffers.before_forward(len(self.calls)),
-        )
-        call.input_bytes = sum(
-            t.numel() * t.element_size()
-            for t in (*args, *kwargs.values())
-            if isinstance(t, torch.Tensor)
-        )
-        self.calls.append(call)
-        held = sum(c.input_bytes for c in self.calls[:-1])
-        while len(self.calls) > 1 and (
-            len(self.calls) > MAX_CALLS_PER_STEP or held > self.max_gradient_bytes
-        ):
-            held -= self.calls.pop(0).input_bytes
-            self.dropped_calls += 1
+            )
+            buffers = self._buffers.before_forward(len(self.calls))
+        call = ForwardCall(args, dict(kwargs), random_state, _autocast_now(), buffers, False, {})
+        calls = self.calls
+        calls.append(call)
+        if len(calls) > 1:  # micro-batches: the step's inputs are bounded too
+            held = sum(c.counted_input_bytes() for c in calls[:-1])
+            while len(calls) > 1 and (
+                len(calls) > MAX_CALLS_PER_STEP or held > self.max_gradient_bytes
+            ):
+                held -= calls.pop(0).counted_input_bytes()
+                self.dropped_calls += 1
         self._current = call
 
     def _prepare_backward(self, call: ForwardCall, output: Any) -> None:
-        if self._buffers.slots is None:
-            self._buffers.after_forward(call)
-        if self._host_checks_left > 0:
-            self._learn_host_draws(call)
+        if not self._post_only:  # still learning what the pre-hook keeps
+            if self._buffers.slots is None:
+                self._buffers.after_forward(call)
+            if self._host_checks_left > 0:
+                self._learn_host_draws(call)
         if isinstance(output, torch.Tensor):  # the common case, without a tree walk
-            grads = output.requires_grad and output.is_floating_point()
-            outputs = [(0, output)] if grads else []
+            if not (output.requires_grad and output.is_floating_point()):
+                return
+            outputs = [(0, output)]
+            size = output.nbytes
         elif _loss_inside(output):
             call.in_model_loss = True
             return
         else:
             outputs = [(i, t) for i, t in enumerate(float_tensors(output)) if t.requires_grad]
-        size = sum(t.numel() * t.element_size() for _, t in outputs)
+            size = sum(t.nbytes for _, t in outputs)
         # the step's micro-batches share the bound
         if size + self._kept_bytes > self.max_gradient_bytes:
             call.gradient_bytes_over = size
@@ -285,11 +357,10 @@ class StepReplay:
         self._kept_bytes += size
         for index, tensor in outputs:
             call.output_grads[index] = None
-            node = tensor.grad_fn
-            if node is not None:  # a node's pre-hook: cheaper than a tensor hook
-                node.register_prehook(_node_keeper(call, index, tensor.output_nr))
-            else:
+            if tensor.is_leaf:
                 tensor.register_hook(_tensor_keeper(call, index))
+            else:  # a node's pre-hook: cheaper than a tensor hook
+                tensor.grad_fn.register_prehook(_node_keeper(call, index, tensor.output_nr))
 
     def _learn_host_draws(self, call: ForwardCall) -> None:
         """Whether the forward draws from torch's CPU generator, Python's or numpy's, from
@@ -304,6 +375,13 @@ class StepReplay:
         if self._host_checks_left <= 0:
             self._host_draws = bool(self._host_draws)
             self._cpu_draws = bool(self._cpu_draws)
+            if not (
+                self._host_draws
+                or self._cpu_draws
+                or self._buffers.slots
+                or torch.cuda.is_initialized()
+            ):
+                self._drop_pre_hook()
 
     def step_collected(self) -> None:
         """The step's statistics are in (and its origin, if it needed one): its calls are

@@ -47,6 +47,10 @@ class RandomState:
         return False
 
 
+# A forward known to draw from no generator keeps this (CUDA not initialised).
+NO_RANDOM_STATE = RandomState(None, None, None, None)
+
+
 def capture_random_state(*, host: bool = True, torch_cpu: bool = True) -> RandomState:
     """The current state of every generator (see the module docstring). ``host=False``
     leaves out Python's and numpy's (tens of microseconds a snapshot), ``torch_cpu=False``

@@ -147,7 +147,9 @@ def flat_shards(model: torch.nn.Module) -> tuple[dict[int, FlatShard], bool]:
 
 def flattened_by_fsdp(param: torch.Tensor) -> bool:
     """Whether FSDP1 has taken the parameter into a unit (its data became a flat view)."""
-    return bool(getattr(param, "_fsdp_flattened", False))
+    # FSDP sets it with setattr: a look in the tensor's __dict__, without getattr's
+    # AttributeError on every other tensor (this runs at every step)
+    return bool(vars(param).get("_fsdp_flattened", False))
 
 
 JOIN_SECONDS = 30.0

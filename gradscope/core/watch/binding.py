@@ -60,6 +60,9 @@ class ParameterGroup:
     # Real, non-empty tensors of at most SMALL_NUMEL elements, all of one shape: read by
     # stacking (see gradscope.core.watch.reads).
     stacked: bool = False
+    # The reads' layout entries of this group, made once per kind of step (plain or detail,
+    # which parameters have a gradient): see gradscope.core.watch.reads.
+    entries: dict[Any, Any] = field(default_factory=dict)
 
     def freeze(self) -> ParameterGroup:
         self.index_array = np.asarray(self.indices, dtype=np.intp)

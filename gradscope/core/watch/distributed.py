@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import torch
 
+import gradscope.core.watch.figures as tensor_reads
 from gradscope.core.facts import Origin, RankFacts
 from gradscope.core.origin import float_tensors
 from gradscope.core.sharded import KEEP, MAX, SUM, local
 from gradscope.core.user_warnings import warn_user
-from gradscope.core.watch import figures as tensor_reads
 from gradscope.core.watch.binding import ParameterGroup
 from gradscope.core.watch.figures import squares_of, values_of
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+import gradscope.core.watch.statistics as registered
 from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import (
     STATUS_NONFINITE,
@@ -40,7 +41,13 @@ from gradscope.core.watch.episodes import Episodes
 from gradscope.core.watch.exact import ExactReads
 from gradscope.core.watch.figures import accumulation_dtype, squares_of
 from gradscope.core.watch.host import to_host
-from gradscope.core.watch.layers import absent_status, layer_max, layer_norms, layer_sums
+from gradscope.core.watch.layers import (
+    absent_status,
+    layer_max,
+    layer_norms,
+    layer_norms_of_squares,
+    layer_sums,
+)
 from gradscope.core.watch.loss_scale import judge_scaled_step, scale_divisors
 from gradscope.core.watch.reads import Transfer, launch, place
 from gradscope.core.watch.sinks import Sinks
@@ -216,6 +223,8 @@ class GradientWatch:
         # Weight figures of parameters without a gradient are not read again each step
         # (a frozen backbone's weights do not change): the last ones read stand for them.
         self.weight_norm = self._read_weight_norms()
+        # The detail figures a parameter keeps between steps, by statistic (the weights').
+        self.kept_figures: dict[str, np.ndarray] = {"weight_norm": self.weight_norm}
 
     @torch.no_grad()
     def _read_weight_norms(self) -> np.ndarray:
@@ -327,6 +336,14 @@ class GradientWatch:
         with torch.no_grad():  # a context: the decorator makes a new one at each call
             stats = self._figures_to_stats(transfers, batch)
         # The origin's re-run needs autograd; the sinks only store.
+        if stats.nonfinite or self.episodes.in_episode:  # an episode begins, goes on or ends
+            self._follow(stats, locate, batch)
+        if self.replay is not None:  # the next forward is a new step
+            self.replay.step_collected()
+        self.sinks.on_step(self, stats)
+        return stats
+
+    def _follow(self, stats: StepStats, locate: Any, batch: Any) -> None:
         self.episodes.follow(
             stats,
             model=self.wrapped_model,
@@ -339,51 +356,56 @@ class GradientWatch:
             first_collected=self._collected == 1,
             replay=self.replay,
         )
-        if self.replay is not None:  # the next forward is a new step
-            self.replay.step_collected()
-        self.sinks.on_step(self, stats)
-        return stats
 
     def _figures_to_stats(self, transfers: list[Transfer], batch: Any) -> StepStats:
         """The step's statistics from its transfers (and a second read when it needs the
-        detail)."""
+        detail). The common step (every figure finite, every layer ok) takes a few numpy
+        calls: each costs microseconds with the caches cold after a backward."""
         figures = place(self, transfers)
         binding = self.binding
-        n_params = len(binding.params)
-        exact = ExactReads(binding, self.exchange, self.unreduced)
-        param_norm, param_max = figures.param_norm, figures.param_max
+        param_norm = figures.param_norm
         unwatched_sq = figures.unwatched_sq
-        # One sum says that every figure is finite (the common step); an overflowed sum of
-        # finite figures only takes the closer look.
-        counted = not math.isfinite(param_norm.sum() + param_max.sum())
-        nan_per_param = inf_per_param = None
-        if counted:
-            suspicious = ~(np.isfinite(param_norm) & np.isfinite(param_max))
-            nan_per_param = np.zeros(n_params, dtype=np.int64)
-            inf_per_param = np.zeros(n_params, dtype=np.int64)
-            exact.count_nonfinite(
-                np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
-            )
-        if figures.imprecise:
-            # One read for all of them (a vanishing step flags many parameters).
-            flagged = np.concatenate(figures.imprecise)
-            param_norm[flagged] = exact.norms(flagged)
-        if figures.unwatched_bad:
-            unwatched_sq += exact.unwatched_squares(figures.unwatched_bad)
-        divisor = 1.0
-        if figures.scale is not None:
-            # Gradients still scaled by the loss scaler: the true ones are 1/scale of them.
-            divisor, unwatched_divisor = scale_divisors(
-                self.scaler, self.optimizers, binding.params, figures.scale
-            )
-            with np.errstate(invalid="ignore", over="ignore"):
+        exact = None
+        with np.errstate(over="ignore", invalid="ignore"):
+            squares = np.square(param_norm)
+            watched_sq = float(squares.sum())
+            # One sum says that every figure is finite (the common step): a NaN or Inf
+            # gradient makes its norm NaN or Inf (its max |g| adds nothing to that); an
+            # overflowed sum of finite figures only takes the closer look.
+            counted = not math.isfinite(watched_sq)
+            nan_per_param = inf_per_param = None
+            if counted:
+                exact = ExactReads(binding, self.exchange, self.unreduced)
+                suspicious = ~np.isfinite(param_norm)
+                if "max_abs" in figures.per_param:
+                    suspicious |= ~np.isfinite(figures.per_param["max_abs"])
+                nan_per_param = np.zeros(len(param_norm), dtype=np.int64)
+                inf_per_param = np.zeros(len(param_norm), dtype=np.int64)
+                exact.count_nonfinite(
+                    np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
+                )
+            if figures.imprecise:
+                # One read for all of them (a vanishing step flags many parameters).
+                exact = exact or ExactReads(binding, self.exchange, self.unreduced)
+                flagged = np.concatenate(figures.imprecise)
+                param_norm[flagged] = exact.norms(flagged)
+            if figures.unwatched_bad:
+                exact = exact or ExactReads(binding, self.exchange, self.unreduced)
+                unwatched_sq += exact.unwatched_squares(figures.unwatched_bad)
+            divisor = 1.0
+            if figures.scale is not None:
+                # Gradients still scaled by the loss scaler: the true ones are 1/scale of them.
+                divisor, unwatched_divisor = scale_divisors(
+                    self.scaler, self.optimizers, binding.params, figures.scale
+                )
                 param_norm = param_norm / divisor
                 unwatched_sq = unwatched_sq / unwatched_divisor**2
-
-        layers = len(binding.offsets)
-        with np.errstate(over="ignore", invalid="ignore"):
-            grad_norm, watched_sq = layer_norms(binding, param_norm)
+            if counted or figures.imprecise or figures.scale is not None:
+                squares = np.square(param_norm)
+                watched_sq = float(squares.sum())
+            grad_norm = layer_norms_of_squares(binding, squares)
             total = math.sqrt(watched_sq + unwatched_sq)
+        layers = len(binding.offsets)
         if counted:
             nan_count = layer_sums(binding, nan_per_param)
             inf_count = layer_sums(binding, inf_per_param)
@@ -396,8 +418,8 @@ class GradientWatch:
             self.vanish_threshold,
         )
         measured = None  # every layer got a gradient
-        if not figures.has_grad.all() or binding.has_empty_layers:
-            with_grad = layer_sums(binding, figures.has_grad.astype(np.intp))
+        if figures.has_grad is not None or binding.has_empty_layers:
+            with_grad = layer_sums(binding, figures.with_grad().astype(np.intp))
             measured = with_grad > 0
             without = np.flatnonzero(~measured)
             if len(without):
@@ -405,8 +427,8 @@ class GradientWatch:
         if not all_ok or self.statuses.counting or measured is not None:
             self.statuses.persist(status, measured)
         loss_value = figures.loss
-        loss_nonfinite = loss_value is not None and not np.isfinite(loss_value)
-        unwatched_nonfinite = not np.isfinite(unwatched_sq)
+        loss_nonfinite = loss_value is not None and not math.isfinite(loss_value)
+        unwatched_nonfinite = not math.isfinite(unwatched_sq)
         skipped = collapsed = False
         if figures.scale is not None:
             scaled = judge_scaled_step(
@@ -422,12 +444,13 @@ class GradientWatch:
         # Decided from the statuses alone under sharding: every rank then takes the same
         # decision (the second read exchanges figures); a rank's own loss could differ.
         trouble = not binding.sharded and (loss_nonfinite or unwatched_nonfinite or collapsed)
-        # A nonfinite status comes from NaN/Inf counts or a NaN norm, which the sum above saw.
-        nonfinite = counted and bool((status == STATUS_NONFINITE).any())
+        # A nonfinite status is never all ok: the common step looks at no status.
+        nonfinite = not all_ok and bool((status == STATUS_NONFINITE).any())
         statuses = status.tobytes()
         changed = self.statuses.changed(statuses)
         # Not under sharding: reading a sharded scale would be a collective of its own.
         tiny_reasons = self._tiny_reasons(status) if changed and not binding.sharded else None
+        per_param = figures.per_param
         if not figures.detail and (trouble or changed or nonfinite):
             # A step that goes wrong or changes status always gets the detail: read it now.
             # Sharded groups too (one more collective), when every rank takes this decision
@@ -443,21 +466,35 @@ class GradientWatch:
                     sharded=not (binding.mixed_sharding or self.unreduced),
                 ),
             )
-            param_max = np.where(again.has_grad, again.param_max, param_max)
+            read = again.with_grad()
+            for name, values in again.per_param.items():
+                before = per_param.get(name)
+                per_param[name] = np.where(read, values, 0.0 if before is None else before)
             figures.detail = True
         self.statuses.keep(statuses)
-        max_abs = weight_norm = None
+        per_layer: dict[str, np.ndarray] = {}
         if figures.detail:
             with np.errstate(over="ignore", invalid="ignore"):
-                max_abs = layer_max(binding, param_max / divisor)
-                weight_norm = layer_norms(binding, self.weight_norm)[0]
+                for statistic in registered.DETAIL:
+                    name = statistic.name
+                    values = self.kept_figures.get(name) if statistic.kept else per_param.get(name)
+                    if values is None:  # no gradient at all this step
+                        values = np.zeros(len(param_norm))
+                    if statistic.scale_power and figures.scale is not None:
+                        values = values / divisor**statistic.scale_power
+                    if statistic.per_layer == "max":
+                        per_layer[name] = layer_max(binding, values)
+                    elif statistic.per_layer == "sum":
+                        per_layer[name] = layer_sums(binding, values)
+                    else:
+                        per_layer[name] = layer_norms(binding, values)[0]
         stats = StepStats(
             step=self._step,
             loss=loss_value,
             total_grad_norm=total,
             grad_norm=grad_norm,
-            max_abs=max_abs,
-            weight_norm=weight_norm,
+            max_abs=per_layer.pop("max_abs", None),
+            weight_norm=per_layer.pop("weight_norm", None),
             nan_count=nan_count,
             inf_count=inf_count,
             status=status,
@@ -470,6 +507,8 @@ class GradientWatch:
             ranks=figures.ranks,
             tiny_reasons=tiny_reasons,
             wall_time=time.time(),
+            figures=per_layer,
+            known_nonfinite=(nonfinite or loss_nonfinite or unwatched_nonfinite or collapsed),
         )
         self._step += 1
         self._collected += 1

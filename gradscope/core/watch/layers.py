@@ -14,10 +14,15 @@ def layer_norms(binding: Binding, param_norm: np.ndarray) -> tuple[np.ndarray, f
     """Per-layer L2 norms from the parameters' (finite or not), and the watched parameters'
     whole sum of squares (each parameter once, tied ones included)."""
     squares = np.square(param_norm)
+    return layer_norms_of_squares(binding, squares), float(np.sum(squares))
+
+
+def layer_norms_of_squares(binding: Binding, squares: np.ndarray) -> np.ndarray:
+    """Per-layer L2 norms from the parameters' sums of squares."""
     if not len(binding.offsets):
-        return np.zeros(0), float(np.sum(squares))
+        return np.zeros(0)
     members = squares if binding.members_in_order else squares[binding.members]
-    return np.sqrt(np.add.reduceat(members, binding.offsets)), float(np.sum(squares))
+    return np.sqrt(np.add.reduceat(members, binding.offsets))
 
 
 def layer_max(binding: Binding, param_max: np.ndarray) -> np.ndarray:

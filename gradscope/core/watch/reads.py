@@ -5,16 +5,22 @@ and place each figure at its parameter (:func:`place`).
 What a step asks for is all that differs between steps: every step reads each gradient's L2
 figure (NaN and Inf propagate into it, so it flags non-finite gradients by itself); a detail
 step (every ``detail_every``-th, and any step that goes wrong or changes a status) also reads
-max |g| and the weights' L2 figures; a sharded group's figures are reduced over the ranks by
-the step's one exchange, which also carries the per-rank facts.
+the registered detail statistics (gradscope.core.watch.statistics: the weights' norms, max
+|g|, and any added there); a sharded group's figures are reduced over the ranks by the step's
+one exchange, which also carries the per-rank facts.
 
 How a group is read: a group of small tensors of one shape by one stacked batch in float64
-(exact: no float32 square underflows or overflows); a group of large tensors by fused
-``_foreach_norm`` calls (ord 2 over the gradients, and on detail steps over the weights), and
-max |g| by ``_foreach_norm`` ord inf, or on a CPU (where that is several times slower) by one
-``aminmax`` per tensor. A large gradient's float32 norm that may have lost squares to underflow
-is read again exactly (gradscope.core.watch.exact), all such gradients in one fused read. Only
-parameters that have a gradient are read: a frozen backbone costs nothing.
+(exact: no float32 square underflows or overflows); a group of large tensors by one fused
+``_foreach_norm`` over its gradients, and each detail statistic's fused read. A large
+gradient's float32 norm that may have lost squares to underflow is read again exactly
+(gradscope.core.watch.exact), all such gradients in one fused read. Only parameters that have
+a gradient are read: a frozen backbone costs nothing.
+
+A device's figures travel as one vector: its single figures (0-d tensors) in one
+``torch.stack``, and its whole vectors (stacked groups, the exchange) after them. The
+layout of each group's figures is made once per kind of step and kept with the group. The
+common step's placing and bookkeeping take a handful of numpy calls: after a backward the
+caches are cold, and each call then costs microseconds.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+import gradscope.core.watch.figures as tensor_reads
+import gradscope.core.watch.statistics as registered
 from gradscope.core.facts import RankFacts
 from gradscope.core.origin import loss_from_output
 from gradscope.core.sharded import FACT_SLOTS
-from gradscope.core.watch import figures as tensor_reads
 from gradscope.core.watch.binding import Binding, ParameterGroup
 from gradscope.core.watch.distributed import (
     UnreducedCheck,
@@ -40,13 +47,13 @@ from gradscope.core.watch.distributed import (
 )
 from gradscope.core.watch.figures import (
     accumulation_dtype,
-    stacked_max,
     stacked_squares,
     tiny_bound,
     values_of,
 )
 from gradscope.core.watch.host import HostCopy, start_host_copy
 from gradscope.core.watch.loss_scale import scale_tensor
+from gradscope.core.watch.statistics import BUILT_IN, Statistic, by_name
 from gradscope.core.watch.update_ratio import UpdateRatio
 
 
@@ -63,6 +70,8 @@ class Reader(Protocol):
     update_ratio_enabled: bool
     scaler: Any
     weight_norm: np.ndarray
+    # Detail figures a parameter keeps between steps (the weights'), by statistic name.
+    kept_figures: dict[str, np.ndarray]
 
     def rebind(self) -> None: ...
 
@@ -76,25 +85,55 @@ class Entry:
     """Where one group's figures sit in its device's vector.
 
     ``present``: positions (in the group) of the parameters that have a gradient this step,
-    None when all of them do. ``squared``: the weight figures (and an unwatched entry's
-    gradient figures) are sums of squares, not norms; ``grads_squared``: so are the gradient
-    figures (stacked and sharded groups). Layout: the gradient figures, then on detail steps
-    the present weights', then per non-empty gradient its max |g|, or with ``pairs`` (a CPU's
-    large tensors) its (min, max) from aminmax. Unwatched entries hold gradient figures only.
-    ``tiny``: the bound under which a float32 figure may have lost squares (0: exact).
+    None when all of them do. Layout: the gradient figures (norms; sums of squares with
+    ``grads_squared``: stacked and sharded groups), then on detail steps each detail
+    statistic's figures in ``reads`` order, ``(statistic, width)``: ``width`` slots per
+    parameter, from the statistic's fused read (``fused``, a group of large tensors) or its
+    stacked one. Unwatched entries hold gradient figures only (sums of squares with
+    ``squared``). ``tiny``: the bound under which a float32 norm may have lost squares (0:
+    exact). ``target``: where the figures go in the per-parameter arrays (a slice when the
+    positions run on), made once with the entry.
     """
 
     kind: str
     group: ParameterGroup | None = None
     present: list[int] | None = None
     count: int = 0
-    nonempty: list[int] | None = None
     squared: bool = False
-    pairs: bool = False
     tiny: float = 0.0
     grads_squared: bool = False
-    # A detail step's entry also holds the weights' figures and max |g|.
+    # A detail step's entry also holds the detail statistics' figures.
     detail: bool = True
+    reads: tuple[tuple[Statistic, int], ...] = ()
+    fused: bool = False
+    per_tensor: bool = False
+    target: Any = None
+
+    def aim(self) -> Entry:
+        """Work out where the figures go, once (entries are kept per kind of step)."""
+        if self.group is None:
+            return self
+        indices = self.group.index_array
+        if self.present is not None:
+            indices = indices[self.present]
+        self.target = _as_slice(indices)
+        return self
+
+
+def _as_slice(indices: np.ndarray) -> slice | np.ndarray:
+    """A slice for positions that run on (cheaper to assign through), else the positions."""
+    if len(indices) and indices[-1] - indices[0] == len(indices) - 1:
+        if np.array_equal(indices, np.arange(indices[0], indices[-1] + 1)):
+            return slice(int(indices[0]), int(indices[-1]) + 1)
+    return indices
+
+
+def _entry(group: ParameterGroup, key: Any, make: Any) -> Entry:
+    """The group's entry for this kind of step, made and aimed the first time."""
+    entry = group.entries.get(key)
+    if entry is None:
+        entry = group.entries[key] = make().aim()
+    return entry
 
 
 @dataclass
@@ -107,11 +146,14 @@ class Transfer:
 
 @dataclass
 class Figures:
-    """One read of the device figures, placed per parameter."""
+    """One read of the device figures, placed per parameter: the gradient norms, and the
+    detail statistics read (``per_param``, by name; those a parameter keeps between steps,
+    the weights', are in the watch's ``kept_figures``). ``has_grad`` is None when every
+    parameter has a gradient."""
 
     param_norm: np.ndarray
-    param_max: np.ndarray
-    has_grad: np.ndarray
+    per_param: dict[str, np.ndarray] = field(default_factory=dict)
+    has_grad: np.ndarray | None = None
     detail: bool = True
     unwatched_sq: float = 0.0
     unwatched_bad: list[tuple[ParameterGroup, list[int]]] = field(default_factory=list)
@@ -120,61 +162,108 @@ class Figures:
     scale: float | None = None
     ranks: RankFacts | None = None
 
+    def with_grad(self) -> np.ndarray:
+        """Per parameter, whether it has a gradient this step."""
+        if self.has_grad is None:
+            return np.ones(len(self.param_norm), dtype=bool)
+        return self.has_grad
+
+
+class _Device:
+    """One device's pieces of the step's vector: single figures (0-d tensors: fused norms,
+    aminmax pairs, the loss and the scale), stacked into one vector at the end, then whole
+    vectors (stacked groups, the sharded exchange). Entries are kept in that order."""
+
+    __slots__ = ("scalar_entries", "scalars", "vector_entries", "vectors")
+
+    def __init__(self) -> None:
+        self.scalars: list[torch.Tensor] = []
+        self.scalar_entries: list[Entry] = []
+        self.vectors: list[torch.Tensor] = []
+        self.vector_entries: list[Entry] = []
+
+    def vector(self) -> torch.Tensor:
+        pieces = self.vectors
+        if self.scalars:
+            pieces = [torch.stack(self.scalars), *pieces]
+        # In the widest dtype of its pieces (stack and cat promote: float32 norms beside
+        # float64 sums of squares; a half-precision loss alone becomes float32).
+        vector = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        if vector.dtype not in (torch.float32, torch.float64):
+            vector = vector.float()
+        return vector
+
 
 def _present(group: ParameterGroup) -> tuple[list[int] | None, list, list]:
     """The group's parameters that have a gradient (positions, None for all), their
     gradients and the parameters themselves."""
     params = group.params
     grads = [p.grad for p in params]
-    if all(g is not None for g in grads):
+    found = [g for g in grads if g is not None]
+    if len(found) == len(grads):
         return None, grads, params
     present = [i for i, g in enumerate(grads) if g is not None]
-    return present, [grads[i] for i in present], [params[i] for i in present]
+    return present, found, [params[i] for i in present]
 
 
-def _queue_stacked(grads: list, params: list, detail: bool, pieces: list) -> Entry:
-    pieces.append(stacked_squares(grads))
+def _queue_stacked(
+    group: ParameterGroup, present, grads: list, params: list, detail: bool, device: _Device
+) -> None:
+    device.vectors.append(stacked_squares(grads))
     if detail:
-        pieces.append(stacked_squares(params))
-        pieces.append(stacked_max(grads))
-    return Entry("watched", count=len(grads), squared=True, grads_squared=True, detail=detail)
+        for statistic in registered.DETAIL:
+            device.vectors.append(statistic.stacked(grads, params))
+    key = ("stacked", detail, None if present is None else tuple(present))
+    device.vector_entries.append(
+        _entry(
+            group,
+            key,
+            lambda: Entry(
+                "watched",
+                group,
+                present,
+                count=len(grads),
+                grads_squared=True,
+                detail=detail,
+                reads=tuple((statistic, 1) for statistic in registered.DETAIL) if detail else (),
+            ),
+        )
+    )
 
 
 def _queue_large(
-    group: ParameterGroup, present, grads: list, params: list, detail: bool, pieces: list
-) -> Entry:
+    group: ParameterGroup, present, grads: list, params: list, detail: bool, device: _Device
+) -> None:
     if group.sparse_capable:
         grads = [values_of(g) for g in grads]
     sample = grads[0]
-    # One fused call reads the gradients' norms (and on detail steps the weights'): plain and
-    # detail steps give the same norms, bit for bit.
-    norms = torch._foreach_norm(
-        grads + params if detail else grads, 2, dtype=accumulation_dtype(sample)
-    )
-    pieces.append(torch.stack(norms))
-    nonempty = None
-    pairs = detail and sample.device.type in tensor_reads.PER_TENSOR_DEVICES
-    if detail and group.sparse_capable:  # a sparse gradient can store nothing
-        nonempty = [k for k, g in enumerate(grads) if g.numel()]
-        grads = [grads[k] for k in nonempty]
-    elif detail and group.empty:
-        positions = present if present is not None else range(len(group.params))
-        nonempty = [k for k, i in enumerate(positions) if i not in group.empty]
-        grads = [grads[k] for k in nonempty]
-    if pairs and grads:
-        # Max |g| on a CPU by one aminmax per gradient: there _foreach_norm's ord inf is
-        # several times slower (measured: 2.4 ms against 0.15 ms on the benchmark's MLP).
-        found = [torch.aminmax(g.abs() if g.is_complex() else g) for g in grads]
-        pieces.append(torch.stack([v for pair in found for v in pair]))
-    elif detail and grads:
-        pieces.append(torch.stack(torch._foreach_norm(grads, float("inf"))))
-    return Entry(
-        "watched",
-        count=len(params),
-        nonempty=nonempty,
-        pairs=pairs,
-        tiny=tiny_bound(sample),
-        detail=detail,
+    # One fused call reads the gradients' norms: plain and detail steps give the same
+    # norms, bit for bit.
+    device.scalars += torch._foreach_norm(grads, 2, dtype=accumulation_dtype(sample))
+    per_tensor = detail and sample.device.type in tensor_reads.PER_TENSOR_DEVICES
+    if detail:
+        maybe_empty = group.sparse_capable or bool(group.empty)
+        for statistic in registered.DETAIL:
+            device.scalars += statistic.fused(
+                grads, params, per_tensor=per_tensor, maybe_empty=maybe_empty
+            )
+    key = ("large", detail, None if present is None else tuple(present), per_tensor)
+    device.scalar_entries.append(
+        _entry(
+            group,
+            key,
+            lambda: Entry(
+                "watched",
+                group,
+                present,
+                count=len(params),
+                tiny=tiny_bound(sample),
+                detail=detail,
+                reads=tuple((s, s.width(per_tensor)) for s in registered.DETAIL) if detail else (),
+                fused=True,
+                per_tensor=per_tensor,
+            ),
+        )
     )
 
 
@@ -210,15 +299,14 @@ def _launch(
     if watch.binding.parameters_replaced(watch.model):
         watch.rebind()
     binding = watch.binding
-    parts: dict[torch.device, list[torch.Tensor]] = {}
-    layout: dict[torch.device, list[Entry]] = {}
+    devices: dict[torch.device, _Device] = {}
     # Sharded figures, reduced over the ranks before the host transfer (one collective).
     shared: list[torch.Tensor] = []
     shared_kinds: list[int] = []
     shared_layout: list[Entry] = []
     update = watch.update
-    if facts:
-        watch.unreduced = watch.check_unreduced(
+    if facts:  # FSDP1 units only: flat groups are sharded
+        watch.unreduced = binding.sharded and watch.check_unreduced(
             [*binding.groups, *binding.unwatched_groups], watch.exchange
         )
     if facts and update.slots:
@@ -250,23 +338,23 @@ def _launch(
                     group,
                     present,
                     count,
-                    squared=True,
                     grads_squared=True,
                     detail=full,
-                )
+                    reads=_SHARDED_READS if full else (),
+                ).aim()
             )
         else:
             present, grads, params = _present(group)
             if not grads:
                 continue
-            device = grads[0].device
-            pieces = parts.setdefault(device, [])
+            where = grads[0].device
+            device = devices.get(where)
+            if device is None:
+                device = devices[where] = _Device()
             if group.stacked:
-                entry = _queue_stacked(grads, params, detail, pieces)
+                _queue_stacked(group, present, grads, params, detail, device)
             else:
-                entry = _queue_large(group, present, grads, params, detail, pieces)
-            entry.group, entry.present = group, present
-            layout.setdefault(device, []).append(entry)
+                _queue_large(group, present, grads, params, detail, device)
         if copy_weights:
             indices = group.index_array if present is None else group.index_array[present]
             update.copy(
@@ -289,66 +377,70 @@ def _launch(
         if not present:
             continue
         grads = [group.params[i].grad for i in present]
-        device = grads[0].device
+        where = grads[0].device
+        device = devices.get(where)
+        if device is None:
+            device = devices[where] = _Device()
         if group.stacked:
-            parts.setdefault(device, []).append(stacked_squares(grads))
+            device.vectors.append(stacked_squares(grads))
+            device.vector_entries.append(
+                Entry("unwatched", group, present, len(present), squared=True)
+            )
         else:
             if group.sparse_capable:
                 grads = [values_of(g) for g in grads]
-            norms = torch._foreach_norm(grads, 2, dtype=accumulation_dtype(grads[0]))
-            parts.setdefault(device, []).append(torch.stack(norms).double().square())
-        layout.setdefault(device, []).append(
-            Entry("unwatched", group, present, len(present), squared=True)
-        )
+            device.scalars += torch._foreach_norm(grads, 2, dtype=accumulation_dtype(grads[0]))
+            # norms, squared as they are placed
+            device.scalar_entries.append(Entry("unwatched", group, present, len(present)))
     scale = scale_tensor(watch.scaler) if facts else None
     if scale is not None:
-        parts.setdefault(scale.device, []).append(scale.detach().reshape(1))
-        layout.setdefault(scale.device, []).append(Entry("scale"))
+        device = devices.setdefault(scale.device, _Device())
+        device.scalars.append(scale.detach().reshape(()))
+        device.scalar_entries.append(_SCALE)
     if loss is not None:
-        value = loss.detach().reshape(1)
-        parts.setdefault(loss.device, []).append(value.real if value.is_complex() else value)
-        layout.setdefault(loss.device, []).append(Entry("loss"))
-    tails: dict[torch.device, torch.Tensor] = {}
+        value = loss.detach().reshape(())
+        device = devices.setdefault(loss.device, _Device())
+        device.scalars.append(value.real if value.is_complex() else value)
+        device.scalar_entries.append(_LOSS)
     with_facts = facts and watch.exchange is not None
     if shared or with_facts:
         fact_pieces = rank_facts(loss, batch, watch.fact_device()) if with_facts else []
-        device = (shared + fact_pieces)[0].device
+        where = (shared + fact_pieces)[0].device
         pieces = [*shared, torch.stack(fact_pieces)] if fact_pieces else shared
-        vector = torch.cat([piece.to(device, torch.float64) for piece in pieces])
+        vector = torch.cat([piece.to(where, torch.float64) for piece in pieces])
         if watch.exchange is not None:
             vector = watch.exchange.exchange(
-                vector, watch.kinds_tensor(tuple(shared_kinds), device), len(fact_pieces)
+                vector, watch.kinds_tensor(tuple(shared_kinds), where), len(fact_pieces)
             )
         # else (collectives=False): this rank's shards only, as the watch's docstring says
-        tails[device] = vector
-        layout.setdefault(device, []).extend(shared_layout)
+        device = devices.setdefault(where, _Device())
+        device.vectors.append(vector)
+        device.vector_entries += shared_layout
         if fact_pieces:
-            layout[device].append(Entry("ranks", count=watch.exchange.world))
-    transfers = []
-    for device, entries in layout.items():
-        pieces = parts.get(device, [])
-        if device in tails:
-            pieces = [*pieces, tails[device]]
-        # One vector per device, in the widest dtype of its pieces (cat promotes: float32
-        # norms beside float64 sums of squares; a half-precision loss alone becomes float32).
-        vector = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        if vector.dtype not in (torch.float32, torch.float64):
-            vector = vector.float()
-        transfers.append(Transfer(start_host_copy(vector), entries))
-    return transfers
+            device.vector_entries.append(Entry("ranks", count=watch.exchange.world))
+    return [
+        Transfer(start_host_copy(device.vector()), device.scalar_entries + device.vector_entries)
+        for device in devices.values()
+    ]
+
+
+# A sharded group's detail, as the exchange lays it out (gradscope.core.watch.distributed):
+# the weights' sums of squares, then max |g|.
+_SHARDED_READS = tuple((by_name(name), 1) for name in BUILT_IN)
+_LOSS = Entry("loss")
+_SCALE = Entry("scale")
 
 
 def place(watch: Reader, transfers: list[Transfer]) -> Figures:
     """Wait for the copies (the step's one synchronisation) and place each figure at its
-    parameter: gradient norms, and on detail steps max |g| and weight norms."""
+    parameter: gradient norms, and on detail steps the detail statistics."""
     n_params = len(watch.binding.params)
-    figures = Figures(
-        param_norm=np.zeros(n_params),
-        param_max=np.zeros(n_params),
-        has_grad=np.zeros(n_params, dtype=bool),
-    )
-    param_norm, param_max, has_grad = figures.param_norm, figures.param_max, figures.has_grad
-    param_weight = watch.weight_norm
+    param_norm = np.zeros(n_params)
+    figures = Figures(param_norm)
+    per_param = figures.per_param
+    kept = watch.kept_figures
+    covered = 0
+    targets = []
     for transfer in transfers:
         # float32 figures widen as they are placed into the float64 arrays
         values = transfer.copy.wait()
@@ -374,49 +466,66 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
                 )
                 cursor += size
                 continue
-            group = entry.group
             count = entry.count
             grad_figures = values[cursor : cursor + count]
             cursor += count
             if kind == "unwatched":
+                if not entry.squared:
+                    grad_figures = np.square(grad_figures, dtype=np.float64)
                 squares = float(np.sum(grad_figures))
                 if math.isfinite(squares):
                     figures.unwatched_sq += squares
                 else:  # a real NaN/Inf, or only an overflowed sum: look closer
-                    figures.unwatched_bad.append((group, entry.present))
+                    figures.unwatched_bad.append((entry.group, entry.present))
                 continue
-            indices = group.index_array
-            if entry.present is not None:
-                indices = indices[entry.present]
+            target = entry.target
             if entry.grads_squared:
                 grad_figures = np.sqrt(grad_figures)
-            param_norm[indices] = grad_figures
-            has_grad[indices] = True
+            param_norm[target] = grad_figures
+            covered += count
+            targets.append(target)
             if not entry.detail:
                 figures.detail = False
-                if entry.tiny:
-                    # Without max |g|: a float32 norm this small, or 0, may have lost squares
-                    # that underflowed.
-                    low = grad_figures < entry.tiny
-                    if low.any():
-                        figures.imprecise.append(indices[low])
+                # Without max |g|: a float32 norm this small, or 0, may have lost squares
+                # that underflowed.
+                if entry.tiny and grad_figures.min() < entry.tiny:
+                    figures.imprecise.append(_positions(target)[grad_figures < entry.tiny])
                 continue
-            weights = values[cursor : cursor + count]
-            cursor += count
-            param_weight[indices] = np.sqrt(weights) if entry.squared else weights
-            if entry.nonempty is not None:
-                indices = indices[entry.nonempty]
-            if entry.pairs:  # (min, max) per gradient
-                pairs = values[cursor : cursor + 2 * len(indices)].reshape(-1, 2)
-                cursor += 2 * len(indices)
-                maxima = np.maximum(pairs[:, 1], -pairs[:, 0])
-            else:
-                maxima = values[cursor : cursor + len(indices)]
-                cursor += len(indices)
-            param_max[indices] = maxima
-            if entry.tiny:
+            maxima = None
+            for statistic, width in entry.reads:
+                size = width * count
+                raw = values[cursor : cursor + size]
+                cursor += size
+                found = (
+                    statistic.from_fused(raw, entry.per_tensor)
+                    if entry.fused
+                    else statistic.from_stacked(raw)
+                )
+                name = statistic.name
+                if statistic.kept:
+                    store = kept.get(name)
+                    if store is None:
+                        store = kept[name] = np.zeros(n_params)
+                else:
+                    store = per_param.get(name)
+                    if store is None:
+                        store = per_param[name] = np.zeros(n_params)
+                store[target] = found
+                if name == "max_abs":
+                    maxima = found
+            if entry.tiny and maxima is not None and count and maxima.min() < entry.tiny:
                 # Squares of elements this small underflow: the sum is not exact.
                 low = (maxima > 0) & (maxima < entry.tiny)
                 if low.any():
-                    figures.imprecise.append(indices[low])
+                    figures.imprecise.append(_positions(target)[low])
+    if covered != n_params:  # some parameters have no gradient (or were not read)
+        has_grad = figures.has_grad = np.zeros(n_params, dtype=bool)
+        for target in targets:
+            has_grad[target] = True
     return figures
+
+
+def _positions(target: slice | np.ndarray) -> np.ndarray:
+    if isinstance(target, slice):
+        return np.arange(target.start, target.stop)
+    return target

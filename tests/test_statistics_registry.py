@@ -21,7 +21,7 @@ class ZeroCount(Statistic):
     per_layer = "sum"
     scale_power = 0
 
-    def fused(self, grads, params, *, per_tensor, maybe_empty):
+    def fused(self, grads, params, *, per_tensor, sizes):
         return [(g == 0).sum() for g in grads]
 
     def stacked(self, grads, params):

@@ -102,3 +102,29 @@ def test_vanishing_sigmoid_mlp_still_vanishes(tmp_path):
     report = _run(["sample_models/vanishing_sigmoid_mlp.py", "--steps", "5"], tmp_path)
     layer = next(la for la in report["layers"] if la["name"] == "hidden.0")
     assert layer["status"] == layer["last_status"] == "vanishing"
+
+
+def test_the_watchs_own_nonfinite_verdict_matches_the_fields():
+    """StepStats.known_nonfinite (the watch's verdict, kept so that sinks and the episode
+    check do not look at the statuses again) says what the fields say, on finite steps, a
+    NaN gradient, a NaN loss, an Inf in an unwatched layer, and a step after them."""
+    import dataclasses
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    watch = gradscope.watch(model, layers=["0"])
+    seen = []
+    for case in ("finite", "nan grad", "nan loss", "unwatched inf", "finite"):
+        model.zero_grad()
+        loss = model(torch.randn(3, 4)).square().mean()
+        loss.backward()
+        if case == "nan grad":
+            model[0].weight.grad[0, 0] = float("nan")
+        if case == "unwatched inf":
+            model[2].bias.grad[0] = float("inf")
+        stats = watch.collect(loss * float("nan") if case == "nan loss" else loss)
+        worked_out = dataclasses.replace(stats, known_nonfinite=None).nonfinite
+        assert stats.known_nonfinite is worked_out
+        seen.append(worked_out)
+    watch.close()
+    assert seen == [False, True, True, True, False]

@@ -64,9 +64,13 @@ class ParameterGroup:
     # which parameters have a gradient): see gradscope.core.watch.reads.
     entries: dict[Any, Any] = field(default_factory=dict)
 
+    # Each parameter's number of elements (a gradient's, but for sparse ones).
+    sizes: tuple[int, ...] = ()
+
     def freeze(self) -> ParameterGroup:
         self.index_array = np.asarray(self.indices, dtype=np.intp)
-        self.empty = frozenset(i for i, p in enumerate(self.params) if p.numel() == 0)
+        self.sizes = tuple(p.numel() for p in self.params)
+        self.empty = frozenset(i for i, n in enumerate(self.sizes) if n == 0)
         return self
 
 
@@ -163,6 +167,8 @@ class Binding:
     replicas: np.ndarray
     # Whether a watched layer covers no parameter at all (it is then frozen).
     has_empty_layers: bool
+    # Whether some watched parameter is float64 (its figures' squares can overflow).
+    wide: bool = False
 
     def parameters_replaced(self, model: nn.Module) -> bool:
         """Whether the model's parameters changed since it was bound (see the module)."""
@@ -287,4 +293,5 @@ def bind(model: nn.Module, layers_spec: list[str] | None, *, exchanged: bool) ->
         mixed_sharding=sharded and not all(g.sharded for g in every),
         replicas=replicas,
         has_empty_layers=bool((layer_sizes == 0).any()),
+        wide=any(p.dtype in (torch.float64, torch.complex128) for p in params),
     )

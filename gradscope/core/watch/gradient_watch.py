@@ -49,7 +49,7 @@ from gradscope.core.watch.layers import (
     layer_sums,
 )
 from gradscope.core.watch.loss_scale import judge_scaled_step, scale_divisors
-from gradscope.core.watch.reads import Transfer, launch, place
+from gradscope.core.watch.reads import Transfer, launch, place, without_grad
 from gradscope.core.watch.sinks import Sinks
 from gradscope.core.watch.status import StatusTracker, classify_step
 from gradscope.core.watch.update_ratio import UpdateRatio
@@ -333,8 +333,7 @@ class GradientWatch:
         """Wait for the copies queued by :meth:`launch` (the step's one synchronisation),
         turn them into per-layer numpy statistics, find the origin of a new NaN/Inf episode
         and hand the step to the sinks."""
-        with torch.no_grad():  # a context: the decorator makes a new one at each call
-            stats = self._figures_to_stats(transfers, batch)
+        stats = without_grad(self._figures_to_stats, transfers, batch)
         # The origin's re-run needs autograd; the sinks only store.
         if stats.nonfinite or self.episodes.in_episode:  # an episode begins, goes on or ends
             self._follow(stats, locate, batch)
@@ -365,46 +364,49 @@ class GradientWatch:
         binding = self.binding
         param_norm = figures.param_norm
         unwatched_sq = figures.unwatched_sq
-        exact = None
-        with np.errstate(over="ignore", invalid="ignore"):
-            squares = np.square(param_norm)
-            watched_sq = float(squares.sum())
-            # One sum says that every figure is finite (the common step): a NaN or Inf
-            # gradient makes its norm NaN or Inf (its max |g| adds nothing to that); an
-            # overflowed sum of finite figures only takes the closer look.
-            counted = not math.isfinite(watched_sq)
-            nan_per_param = inf_per_param = None
-            if counted:
-                exact = ExactReads(binding, self.exchange, self.unreduced)
-                suspicious = ~np.isfinite(param_norm)
-                if "max_abs" in figures.per_param:
-                    suspicious |= ~np.isfinite(figures.per_param["max_abs"])
-                nan_per_param = np.zeros(len(param_norm), dtype=np.int64)
-                inf_per_param = np.zeros(len(param_norm), dtype=np.int64)
-                exact.count_nonfinite(
-                    np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
-                )
-            if figures.imprecise:
-                # One read for all of them (a vanishing step flags many parameters).
-                exact = exact or ExactReads(binding, self.exchange, self.unreduced)
-                flagged = np.concatenate(figures.imprecise)
-                param_norm[flagged] = exact.norms(flagged)
-            if figures.unwatched_bad:
-                exact = exact or ExactReads(binding, self.exchange, self.unreduced)
-                unwatched_sq += exact.unwatched_squares(figures.unwatched_bad)
-            divisor = 1.0
-            if figures.scale is not None:
-                # Gradients still scaled by the loss scaler: the true ones are 1/scale of them.
-                divisor, unwatched_divisor = scale_divisors(
-                    self.scaler, self.optimizers, binding.params, figures.scale
-                )
-                param_norm = param_norm / divisor
-                unwatched_sq = unwatched_sq / unwatched_divisor**2
-            if counted or figures.imprecise or figures.scale is not None:
+        # Only float64 figures can overflow a square (float32 ones end under 1e39).
+        if binding.wide:
+            with np.errstate(over="ignore", invalid="ignore"):
                 squares = np.square(param_norm)
-                watched_sq = float(squares.sum())
-            grad_norm = layer_norms_of_squares(binding, squares)
-            total = math.sqrt(watched_sq + unwatched_sq)
+                watched_sq = float(np.add.reduce(squares))
+        else:
+            squares = np.square(param_norm)
+            watched_sq = float(np.add.reduce(squares))
+        # One sum says that every figure is finite (the common step): a NaN or Inf gradient
+        # makes its norm NaN or Inf (its max |g| adds nothing to that); an overflowed sum of
+        # finite figures only takes the closer look.
+        counted = not math.isfinite(watched_sq)
+        nan_per_param = inf_per_param = None
+        divisor = 1.0
+        if counted or figures.imprecise or figures.unwatched_bad or figures.scale is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                exact = ExactReads(binding, self.exchange, self.unreduced)
+                if counted:
+                    suspicious = ~np.isfinite(param_norm)
+                    if "max_abs" in figures.per_param:
+                        suspicious |= ~np.isfinite(figures.per_param["max_abs"])
+                    nan_per_param = np.zeros(len(param_norm), dtype=np.int64)
+                    inf_per_param = np.zeros(len(param_norm), dtype=np.int64)
+                    exact.count_nonfinite(
+                        np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
+                    )
+                if figures.imprecise:
+                    # One read for all of them (a vanishing step flags many parameters).
+                    flagged = np.concatenate(figures.imprecise)
+                    param_norm[flagged] = exact.norms(flagged)
+                if figures.unwatched_bad:
+                    unwatched_sq += exact.unwatched_squares(figures.unwatched_bad)
+                if figures.scale is not None:
+                    # Gradients still scaled by the loss scaler: the true ones are 1/scale.
+                    divisor, unwatched_divisor = scale_divisors(
+                        self.scaler, self.optimizers, binding.params, figures.scale
+                    )
+                    param_norm = param_norm / divisor
+                    unwatched_sq = unwatched_sq / unwatched_divisor**2
+                squares = np.square(param_norm)
+                watched_sq = float(np.add.reduce(squares))
+        grad_norm = layer_norms_of_squares(binding, squares)
+        total = math.sqrt(watched_sq + unwatched_sq)
         layers = len(binding.offsets)
         if counted:
             nan_count = layer_sums(binding, nan_per_param)

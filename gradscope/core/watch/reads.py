@@ -242,11 +242,14 @@ def _queue_large(
     device.scalars += torch._foreach_norm(grads, 2, dtype=accumulation_dtype(sample))
     per_tensor = detail and sample.device.type in tensor_reads.PER_TENSOR_DEVICES
     if detail:
-        maybe_empty = group.sparse_capable or bool(group.empty)
+        if group.sparse_capable:
+            sizes = None
+        elif present is None:
+            sizes = group.sizes
+        else:
+            sizes = tuple(group.sizes[i] for i in present)
         for statistic in registered.DETAIL:
-            device.scalars += statistic.fused(
-                grads, params, per_tensor=per_tensor, maybe_empty=maybe_empty
-            )
+            device.scalars += statistic.fused(grads, params, per_tensor=per_tensor, sizes=sizes)
     key = ("large", detail, None if present is None else tuple(present), per_tensor)
     device.scalar_entries.append(
         _entry(
@@ -280,10 +283,25 @@ def launch(
     read (the per-rank facts, the loss scale, the update ratio's pending sums travel with
     it). ``sharded=False``: leave the sharded groups out (a second read of a step, which
     must run no collective: their figures came complete with the first)."""
-    # A context, not torch.no_grad() as a decorator: the decorator makes a new context
-    # object at every call (some 25 µs a step here).
-    with torch.no_grad():
-        return _launch(watch, loss, batch, detail=detail, facts=facts, sharded=sharded)
+    return without_grad(
+        _launch, watch, loss, batch, detail=detail, facts=facts, sharded=sharded
+    )
+
+
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+
+
+def without_grad(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` with autograd off, as under ``torch.no_grad()``, by the
+    two calls that context makes: its object (or a decorator's, made anew at every call)
+    costs some 10 Python calls a step, microseconds each with the caches cold."""
+    before = _grad_enabled()
+    _set_grad_enabled(False)
+    try:
+        return function(*args, **kwargs)
+    finally:
+        _set_grad_enabled(before)
 
 
 def _launch(
@@ -488,7 +506,7 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
                 figures.detail = False
                 # Without max |g|: a float32 norm this small, or 0, may have lost squares
                 # that underflowed.
-                if entry.tiny and grad_figures.min() < entry.tiny:
+                if entry.tiny and np.minimum.reduce(grad_figures) < entry.tiny:
                     figures.imprecise.append(_positions(target)[grad_figures < entry.tiny])
                 continue
             maxima = None
@@ -513,7 +531,12 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
                 store[target] = found
                 if name == "max_abs":
                     maxima = found
-            if entry.tiny and maxima is not None and count and maxima.min() < entry.tiny:
+            if (
+                entry.tiny
+                and maxima is not None
+                and count
+                and np.minimum.reduce(maxima) < entry.tiny
+            ):
                 # Squares of elements this small underflow: the sum is not exact.
                 low = (maxima > 0) & (maxima < entry.tiny)
                 if low.any():

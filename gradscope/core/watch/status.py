@@ -24,6 +24,10 @@ def classify(
     return classify_step(grad_norm, nonfinite_count, explode_threshold, vanish_threshold)[0]
 
 
+# All-ok statuses by shape: one copy a step instead of np.full's two Python calls.
+_ALL_OK: dict[tuple[int, ...], np.ndarray] = {}
+
+
 def classify_step(
     grad_norm: np.ndarray,
     nonfinite_count: np.ndarray | None,
@@ -31,10 +35,13 @@ def classify_step(
     vanish_threshold: float,
 ) -> tuple[np.ndarray, bool]:
     """:func:`classify`, and whether every layer is ok (then nothing is vanishing)."""
-    status = np.full(grad_norm.shape, STATUS_OK, dtype=np.uint8)
+    template = _ALL_OK.get(grad_norm.shape)
+    if template is None:
+        template = _ALL_OK[grad_norm.shape] = np.full(grad_norm.shape, STATUS_OK, np.uint8)
+    status = template.copy()
     if not len(status):
         return status, True
-    low, high = grad_norm.min(), grad_norm.max()
+    low, high = np.minimum.reduce(grad_norm), np.maximum.reduce(grad_norm)
     if low >= vanish_threshold and high <= explode_threshold and nonfinite_count is None:
         return status, True  # every layer ok (a NaN norm fails both comparisons)
     with np.errstate(invalid="ignore"):

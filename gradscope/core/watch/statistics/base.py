@@ -38,10 +38,11 @@ class Statistic:
         params: list[torch.Tensor],
         *,
         per_tensor: bool,
-        maybe_empty: bool,
+        sizes: tuple[int, ...] | None,
     ) -> list[torch.Tensor]:
-        """0-d tensors, :meth:`width` per parameter in order, for a group of large tensors
-        (``maybe_empty``: some gradient may hold no element)."""
+        """0-d tensors, :meth:`width` per parameter in order, for a group of large tensors.
+        ``sizes``: each gradient's number of elements (None: a sparse group's, to be read
+        from the gradients)."""
         raise NotImplementedError
 
     def stacked(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor:

@@ -22,29 +22,49 @@ class MaxAbs(Statistic):
     per_layer = "max"
     scale_power = 1
 
+    def __init__(self) -> None:
+        # (sizes, per_tensor) -> (positions read fused, how to lay out each parameter)
+        self._plans: dict[tuple, tuple[list[int], list[tuple[int, int]]]] = {}
+
     def width(self, per_tensor: bool) -> int:
         return 2 if per_tensor else 1  # (min, max) pairs on a CPU; max |g| = max(max, -min)
 
-    def fused(self, grads, params, *, per_tensor, maybe_empty):
-        if not per_tensor and not maybe_empty:
-            return list(torch._foreach_norm(grads, float("inf")))
-        # Small and empty gradients apart; on a CPU the large ones by one aminmax each. A
-        # small one's max |g| fills both slots of its pair.
-        small = [g for g in grads if 0 < g.numel() <= FUSED_UP_TO or (g.numel() and not per_tensor)]
-        fused = iter(torch._foreach_norm(small, float("inf")) if small else ())
+    def _plan(self, sizes: tuple[int, ...], per_tensor: bool):
+        key = (sizes, per_tensor)
+        plan = self._plans.get(key)
+        if plan is None:
+            fused = [k for k, n in enumerate(sizes) if n and (n <= FUSED_UP_TO or not per_tensor)]
+            slot = {k: j for j, k in enumerate(fused)}
+            # per parameter: 0 empty, 1 fused (its slot), 2 aminmax
+            layout = [
+                (0, 0) if not n else ((1, slot[k]) if k in slot else (2, k))
+                for k, n in enumerate(sizes)
+            ]
+            plan = self._plans[key] = (fused, layout)
+        return plan
+
+    def fused(self, grads, params, *, per_tensor, sizes):
+        if sizes is None:  # a sparse gradient: its stored values, whatever their number
+            sizes = tuple(g.numel() for g in grads)
+        fused, layout = self._plan(sizes, per_tensor)
+        if len(fused) == len(grads) and not per_tensor:
+            return list(torch._foreach_norm(grads, float("inf")))  # the common case on CUDA
+        read = torch._foreach_norm([grads[k] for k in fused], float("inf")) if fused else []
+        complex_values = grads[0].is_complex()
         zero = None
         found: list[torch.Tensor] = []
-        for g in grads:
-            size = g.numel()
-            if not size:  # a sparse gradient storing nothing, an empty parameter: 0
+        for kind, where in layout:
+            if kind == 1:  # a small gradient: its max |g| fills both slots of its pair
+                value = read[where]
+                found += (value, value) if per_tensor else (value,)
+            elif kind == 2:
+                g = grads[where]
+                found += torch.aminmax(g.abs() if complex_values else g)
+            else:  # a sparse gradient storing nothing, an empty parameter: 0
                 if zero is None:
-                    zero = g.new_zeros((), dtype=g.real.dtype if g.is_complex() else g.dtype)
-                found += [zero, zero] if per_tensor else [zero]
-            elif size <= FUSED_UP_TO or not per_tensor:
-                value = next(fused)
-                found += [value, value] if per_tensor else [value]
-            else:
-                found += torch.aminmax(g.abs() if g.is_complex() else g)
+                    dtype = grads[0].real.dtype if complex_values else grads[0].dtype
+                    zero = grads[0].new_zeros((), dtype=dtype)
+                found += (zero, zero) if per_tensor else (zero,)
         return found
 
     def stacked(self, grads, params):

@@ -16,7 +16,7 @@ class WeightNorm(Statistic):
     scale_power = 0  # of the weights: a loss scale does not touch them
     kept = True  # a frozen parameter's weights do not change: its last figure stands
 
-    def fused(self, grads, params, *, per_tensor, maybe_empty):
+    def fused(self, grads, params, *, per_tensor, sizes):
         return torch._foreach_norm(params, 2, dtype=accumulation_dtype(params[0]))
 
     def stacked(self, grads, params):

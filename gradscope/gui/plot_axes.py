@@ -88,11 +88,78 @@ def tick_text(value: float, spacing: float | None = None) -> str:
     return f"{mantissa}·{power}"
 
 
+# Tick spacings of a time axis, in seconds: what a clock shows (5 s, 15 s, 1 min, 15 min...).
+_TIME_SPACINGS = (
+    0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
+    21600, 43200, 86400, 172800, 432000, 864000,
+)
+
+
+def elapsed_text(seconds: float, spacing: float = 1.0) -> str:
+    """Seconds since the first step as a clock reads them: ``0:00:05``, ``1:30:00``,
+    ``2d 3:00:00``; tenths while the ticks are under a second apart (``0:00:01.5``)."""
+    sign = "-" if seconds < 0 else ""
+    seconds = abs(seconds)
+    tenths = spacing < 1
+    if tenths:
+        seconds = round(seconds, 1)
+    else:
+        seconds = round(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, rest = divmod(rest, 60)
+    clock = f"{int(hours)}:{int(minutes):02d}:" + (
+        f"{rest:04.1f}" if tenths else f"{int(rest):02d}"
+    )
+    return sign + (f"{int(days)}d {clock}" if days else clock)
+
+
+def time_tick_values(low: float, high: float, pixels: float) -> list:
+    """Major ticks at a clock-like spacing with about 90 px between labels (an h:mm:ss label
+    is wide), and minor ones between them."""
+    span = max(high - low, 1e-9)
+    wanted = span * 90 / max(pixels, 1)
+    major = next((s for s in _TIME_SPACINGS if s >= wanted), _TIME_SPACINGS[-1])
+    while major < wanted:
+        major *= 2
+    index = _TIME_SPACINGS.index(major) if major in _TIME_SPACINGS else -1
+    minor = _TIME_SPACINGS[index - 1] if index > 0 else major / 2
+
+    def ticks(spacing: float) -> list[float]:
+        first = math.ceil(low / spacing)
+        last = math.floor(high / spacing)
+        return [k * spacing for k in range(first, last + 1)][:1000]
+
+    majors = ticks(major)
+    minors = [v for v in ticks(minor) if not any(abs(v - m) < 1e-9 for m in majors)]
+    return [(major, majors), (minor, minors)]
+
+
 class GridAxis(pg.AxisItem):
     """An axis whose ticks and grid lines are opaque, drawn behind the plot's data, with
-    the app's tick labels (:func:`tick_text`)."""
+    the app's tick labels (:func:`tick_text`); with ``time_ticks`` a step axis of seconds
+    since the first step, labelled h:mm:ss."""
+
+    time_ticks = False
+
+    def set_time_ticks(self, on: bool) -> None:
+        if on != self.time_ticks:
+            self.time_ticks = on
+            self.picture = None
+            self.update()
+
+    def tickValues(self, minVal: float, maxVal: float, size: float) -> list:
+        if self.time_ticks and not self.logMode:
+            levels = time_tick_values(min(minVal, maxVal), max(minVal, maxVal), size)
+            self._time_major = levels[0][0]
+            return levels
+        return super().tickValues(minVal, maxVal, size)
 
     def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        if self.time_ticks and not self.logMode:
+            if spacing < getattr(self, "_time_major", spacing) - 1e-9:
+                return [None] * len(values)  # minor ticks: grid lines only
+            return [elapsed_text(v, spacing) for v in values]
         if self.logMode:
             return self.logTickStrings(values, scale, spacing)
         # Round away float noise of the tick positions (0.30000000000000004).

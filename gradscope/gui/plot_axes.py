@@ -13,6 +13,7 @@ line at each refresh.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -135,6 +136,86 @@ def time_tick_values(low: float, high: float, pixels: float) -> list:
     return [(major, majors), (minor, minors)]
 
 
+# Within a decade, the mantissas labelled, from the sparsest to the densest (1 alone, then
+# 1-2-5...): the densest whose closest pair of labels is still a label apart.
+_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 5), (1, 2, 3, 4, 5, 6, 8), tuple(range(1, 10)))
+_DECADE_STEPS = (1, 2, 3, 5, 10, 20, 25, 50, 100, 200, 500)
+
+
+def _nice(value: float) -> float:
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= value * (1 - 1e-9))
+
+
+def log_tick_values(
+    low: float, high: float, pixels: float, label_pixels: float
+) -> tuple[list, set[float]]:
+    """Ticks of a log axis from log10 ``low`` to ``high`` over ``pixels``, and the ticks
+    that get a label: powers of ten at a spacing that fits (1, 2, 5... decades apart) with
+    the top decade in view always named; 2 and 5 (and more) between them when fewer than two
+    powers of ten are in view or there is room; evenly spaced values when zoomed within a
+    decade. Labels are never closer than ``label_pixels``. Levels: (major: the labelled,
+    minor: grid lines only)."""
+    span = high - low
+    per_decade = pixels / span
+    eps = 1e-9
+    first, last = math.ceil(low - eps), math.floor(high + eps)
+    powers = list(range(first, last + 1))
+    labelled: list[float] = []
+    minor: list[float] = []
+    if per_decade * 0.3 < label_pixels and powers:
+        # Not even 1-2-5 fits: powers of ten only, every k-th.
+        step = next(
+            (k for k in _DECADE_STEPS if k * per_decade >= label_pixels * 1.4), _DECADE_STEPS[-1]
+        )
+        labelled = [float(p) for p in powers if p % step == 0]
+        top = float(powers[-1])
+        if top not in labelled and (
+            not labelled or (top - labelled[-1]) * per_decade >= label_pixels * 1.2
+        ):
+            labelled.append(top)  # the top decade in view is named
+        minor = [float(p) for p in powers if float(p) not in labelled]
+        if step == 1 or per_decade >= 20:
+            minor += [p + math.log10(m) for p in range(first - 1, last + 1) for m in range(2, 10)]
+    else:
+        chosen: list[float] = []
+        # Between powers of ten only with room to spare (a label every few lines reads
+        # better than a column of them); with fewer than two in view, as tight as fits.
+        room = label_pixels * (1.0 if len(powers) < 2 else 1.8)
+        for mantissas in _MANTISSAS:
+            closest = min(
+                math.log10(b / a) for a, b in itertools.pairwise((*mantissas, 10))
+            )
+            if closest * per_decade < room:
+                break
+            chosen = [
+                p + math.log10(m)
+                for p in range(first - 1, last + 1)
+                for m in mantissas
+                if low - eps <= p + math.log10(m) <= high + eps
+            ]
+        labelled = chosen
+        if len(labelled) < 2:
+            # Zoomed in within a decade: evenly spaced values, as far apart at the top
+            # (where a log axis packs them closest) as a label.
+            bottom_value, top_value = 10.0**low, 10.0**high
+            spacing = _nice((top_value - bottom_value) / max(2.0, pixels / label_pixels / 1.5))
+            while top_value / max(top_value - spacing, 1e-300) < 10 ** (label_pixels / per_decade):
+                spacing = _nice(spacing * 1.01)
+            start = math.ceil(bottom_value / spacing - eps)
+            values = [k * spacing for k in range(start, start + 1000)]
+            labelled = [math.log10(v) for v in values if v <= top_value * (1 + eps) and v > 0]
+        minor = [
+            p + math.log10(m)
+            for p in range(first - 1, last + 1)
+            for m in range(1, 10)
+            if low <= p + math.log10(m) <= high
+        ]
+    keys = {round(v, 9) for v in labelled}
+    minor = [v for v in minor if low <= v <= high and round(v, 9) not in keys]
+    return [(1.0, labelled), (None, minor)], keys
+
+
 class GridAxis(pg.AxisItem):
     """An axis whose ticks and grid lines are opaque, drawn behind the plot's data, with
     the app's tick labels (:func:`tick_text`); with ``time_ticks`` a step axis of seconds
@@ -149,9 +230,14 @@ class GridAxis(pg.AxisItem):
             self.update()
 
     def tickValues(self, minVal: float, maxVal: float, size: float) -> list:
+        low, high = min(minVal, maxVal), max(minVal, maxVal)
         if self.time_ticks and not self.logMode:
-            levels = time_tick_values(min(minVal, maxVal), max(minVal, maxVal), size)
+            levels = time_tick_values(low, high, size)
             self._time_major = levels[0][0]
+            return levels
+        if self.logMode and high > low and math.isfinite(high - low):
+            levels, labelled = log_tick_values(low, high, size, self._label_pixels())
+            self._log_labels = ((low, high), labelled)
             return levels
         return super().tickValues(minVal, maxVal, size)
 
@@ -171,10 +257,17 @@ class GridAxis(pg.AxisItem):
     def logTickStrings(
         self, values: list[float], scale: float, spacing: float
     ) -> list[str | None]:
-        # Over more than a decade, only the powers of ten are labelled: the 2..9 minor ticks
-        # of every decade crowded into unreadable stacks ("0.1 0.09 0.08..."). An unlabelled
-        # tick gets None, not "": pyqtgraph then skips it instead of measuring and placing an
-        # empty label (about 100 of them on a 13-decade axis, at every zoom).
+        # The labelled ticks are those log_tick_values chose for this range (they never
+        # overlap, and there are at least two); an unlabelled tick gets None, not "":
+        # pyqtgraph then skips it instead of measuring and placing an empty label.
+        chosen = self._log_labels
+        if chosen is not None and chosen[0] == tuple(sorted(self.range)):
+            labelled = chosen[1]
+            return [
+                tick_text(10 ** v * scale) if round(v, 9) in labelled else None for v in values
+            ]
+        # Not chosen for this range (a direct call): over more than a decade only the
+        # powers of ten.
         low, high = sorted(self.range)
         decades = high - low
         labels: list[str | None] = []
@@ -184,6 +277,22 @@ class GridAxis(pg.AxisItem):
             else:
                 labels.append(tick_text(10 ** v * scale))
         return labels
+
+    _log_labels: tuple[tuple[float, float], set[float]] | None = None
+
+    def _label_pixels(self) -> float:
+        """Pixels a tick label takes along the axis, with a gap (kept per font)."""
+        font = self.style.get("tickFont") or QFont()
+        kept = getattr(self, "_label_pixels_kept", None)
+        if kept is not None and kept[0] == font.key():
+            return kept[1]
+        metrics = QFontMetrics(font)
+        if self.orientation in ("left", "right"):
+            pixels = metrics.height() * 0.8 + 5
+        else:
+            pixels = metrics.horizontalAdvance("5·10⁻¹⁰") + 10
+        self._label_pixels_kept = (font.key(), pixels)
+        return pixels
 
     def __init__(self, orientation: str) -> None:
         super().__init__(orientation)

@@ -191,3 +191,29 @@ def test_a_live_run_keeps_each_parameters_norm_and_its_time(qtbot, window, scrip
     assert history.parameter_norms.layer_names == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert history.parameter_norms.count == 5
     assert np.isfinite(history.parameter_norms.matrix()).all()
+
+
+def test_a_decimated_recordings_heatmap_spans_its_steps(qtbot, tmp_path):
+    """Seen on the way (a 6,000-step recording opened decimated to 3,295 rows): the heatmap
+    drew one column per row from step 0, so it ended at step 3,295."""
+    from PySide6.QtCore import QPointF
+
+    from gradscope.core.recording import RecordingReader
+    from gradscope.gui.plots import HeatmapPlot, PlotView, layer_color
+
+    path = record_run(tmp_path / "long.gsrec", steps=90)
+    _, history = RecordingReader(path).load(max_rows=30)
+    assert history.count < 60 and int(history.steps[-1]) == 89
+    plot = HeatmapPlot()
+    qtbot.addWidget(plot)
+    plot.resize(600, 300)
+    plot.show()
+    names = history.layer_names
+    plot.refresh(PlotView(history, list(names), set(names),
+                          colors={n: layer_color(i) for i, n in enumerate(names)}))
+    rect = plot.image.mapRectToParent(plot.image.boundingRect())
+    assert rect.left() == -0.5 and abs(rect.right() - 89.5) < 3
+    plot.item.setXRange(-0.5, 89.5, padding=0)
+    vb = plot.item.vb
+    cell = plot.cell_at(vb.mapViewToScene(QPointF(85, 0)))
+    assert cell is not None and 80 <= cell[1] <= 89

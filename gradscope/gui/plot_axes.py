@@ -178,22 +178,26 @@ def log_tick_values(
         if step == 1 or per_decade >= 20:
             minor += [p + math.log10(m) for p in range(first - 1, last + 1) for m in range(2, 10)]
     else:
-        chosen: list[float] = []
         # Between powers of ten only with room to spare (a label every few lines reads
-        # better than a column of them); with fewer than two in view, as tight as fits.
-        room = label_pixels * (1.0 if len(powers) < 2 else 1.8)
-        for mantissas in _MANTISSAS:
-            closest = min(
-                math.log10(b / a) for a, b in itertools.pairwise((*mantissas, 10))
-            )
-            if closest * per_decade < room:
-                break
-            chosen = [
-                p + math.log10(m)
-                for p in range(first - 1, last + 1)
-                for m in mantissas
-                if low - eps <= p + math.log10(m) <= high + eps
-            ]
+        # better than a column of them); as tight as fits only when that leaves fewer than
+        # two labels in view.
+        def with_room(room: float) -> list[float]:
+            chosen: list[float] = []
+            for mantissas in _MANTISSAS:
+                closest = min(math.log10(b / a) for a, b in itertools.pairwise((*mantissas, 10)))
+                if closest * per_decade < room:
+                    break
+                chosen = [
+                    p + math.log10(m)
+                    for p in range(first - 1, last + 1)
+                    for m in mantissas
+                    if low - eps <= p + math.log10(m) <= high + eps
+                ]
+            return chosen
+
+        chosen = with_room(label_pixels * 1.8)
+        if len(chosen) < 2:
+            chosen = with_room(label_pixels)
         labelled = chosen
         if len(labelled) < 2:
             # Zoomed in within a decade: evenly spaced values, as far apart at the top

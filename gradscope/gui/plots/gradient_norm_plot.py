@@ -106,6 +106,7 @@ class GradientNormPlot(QWidget):
         self.layer_cache = LogNormCache()
         self.parameter_cache = LogNormCache()
         self.per_parameter = False
+        self._show_title()
         self._owner: dict[str, str] = {}  # parameter -> its layer, per parameter
         # Steps drawn at their wall-clock time (seconds since the run's first step).
         self.wall_clock = False
@@ -205,7 +206,9 @@ class GradientNormPlot(QWidget):
     def _show_title(self, note: str = "") -> None:
         title = STATISTIC_TITLES[self.statistic]
         title += "" if self.per_parameter else " per layer"
-        self.widget.setTitle(title + note, size="10pt")
+        # Right-aligned: the statistic and scale boxes lie over the top-left corner (a centred
+        # title read "radient norm per layer" at 1280x800).
+        self.widget.setTitle(title + note, size="10pt", justify="right")
 
     def set_wall_clock(self, wall_clock: bool) -> None:
         """Draw the steps at their wall-clock time (seconds since the run's first step, h:mm:ss

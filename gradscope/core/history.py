@@ -248,8 +248,13 @@ class ParameterNorms:
         span = slice(self.count, need)
         self._rows[span] = rows
         self.step_numbers[span] = self._history.step_numbers[rows]
-        self._values[span] = MISSING
-        self._values[span, columns] = _to_float32(values)
+        # (read back from a recording they are float32 already: no second conversion)
+        values = values if values.dtype == np.float32 else _to_float32(values)
+        if len(columns) == width and np.array_equal(columns, np.arange(width)):
+            self._values[span, :width] = values  # every parameter, in order: a plain copy
+        else:
+            self._values[span] = MISSING
+            self._values[span, columns] = values
         self.count = need
 
     def forget_from(self, row: int) -> None:

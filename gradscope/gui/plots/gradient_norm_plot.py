@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPoint, QPointF, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
 
@@ -164,6 +164,7 @@ class GradientNormPlot(QWidget):
         self.hover_text = ""
         self.item.vb.sigRangeChanged.connect(self._on_view_range_changed)
         self.item.vb.sigResized.connect(self._on_view_range_changed)
+        self.widget.viewport().installEventFilter(self)
         scene = self.widget.scene()
         scene.sigMouseMoved.connect(self._on_scene_mouse_moved)
         scene.sigMouseClicked.connect(self._on_scene_mouse_clicked)
@@ -739,6 +740,14 @@ class GradientNormPlot(QWidget):
     def leaveEvent(self, event: object) -> None:
         super().leaveEvent(event)
         self.hide_hover()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        # The mouse left the plot's drawing area, say onto the statistic or scale box over
+        # its corner (children of the plot: this widget's own leaveEvent does not come, and
+        # the label stayed over the open box's list).
+        if event.type() == QEvent.Type.Leave:
+            self.hide_hover()
+        return False
 
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
         found = self.nearest(scene_pos)

@@ -143,3 +143,94 @@ def test_rewind_drops_an_update_origin_with_its_event() -> None:
     history.rewind_to(5)  # a rewind after it keeps both
     assert history.first_nonfinite is origin
     assert [e.step for e in history.events if e.kind == "origin"] == [4]
+
+
+# -- wall-clock time and per-parameter norms ------------------------------------------------
+def _watched_steps(count: int):
+    """``count`` real steps of a small MLP under the watch: (watch, [stats])."""
+    import torch
+
+    import gradscope
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    watch = gradscope.watch(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    all_stats = []
+    for _ in range(count):
+        optimizer.zero_grad()
+        loss = model(torch.randn(16, 4)).square().mean()
+        loss.backward()
+        all_stats.append(watch.collect(loss))
+        optimizer.step()
+    return watch, all_stats
+
+
+def _layout(watch):
+    from gradscope.core.history import owner_layers
+
+    names = [layer.name for layer in watch.layers]
+    owners = owner_layers(watch.param_names, [la.param_names for la in watch.layers], names)
+    return names, owners
+
+
+def test_history_keeps_wall_time_and_each_parameters_norm() -> None:
+    watch, all_stats = _watched_steps(6)
+    names, owners = _layout(watch)
+    appended, extended = RunHistory(), RunHistory()
+    for stats in all_stats:
+        appended.append(stats.step, stats.loss, stats, names, param_names=watch.param_names,
+                        param_layers=owners)
+    extended.extend([(s.step, s.loss, s, None) for s in all_stats], names,
+                    param_names=watch.param_names, param_layers=owners)
+    for history in (appended, extended):
+        assert history.has_wall_time()
+        np.testing.assert_allclose(
+            history.elapsed_seconds(),
+            [s.wall_time - all_stats[0].wall_time for s in all_stats])
+        norms = history.parameter_norms
+        assert norms.layer_names == watch.param_names
+        assert norms.params_of(["2"]) == ["2.weight", "2.bias"]
+        np.testing.assert_allclose(
+            norms.matrix(), np.stack([s.param_grad_norm for s in all_stats]), rtol=1e-6)
+        np.testing.assert_array_equal(norms.steps, history.steps)
+    appended.rewind_to(3)
+    assert appended.parameter_norms.count == 3 and appended.has_wall_time()
+    assert np.isnan(appended.wall_time[3:6]).all()
+
+
+def test_steps_without_wall_time_offer_no_wall_clock_axis() -> None:
+    import dataclasses
+
+    watch, all_stats = _watched_steps(2)
+    history = RunHistory()
+    for stats in all_stats:
+        history.append(stats.step, stats.loss, dataclasses.replace(stats, wall_time=None),
+                       _layout(watch)[0])
+    assert not history.has_wall_time()
+    assert not RunHistory().has_wall_time()
+
+
+def test_parameter_norms_stay_within_their_memory_bound() -> None:
+    """Past the bound, every second (then fourth...) step is kept, spread over the whole
+    run, and the buffer never grows beyond the bound."""
+    watch, all_stats = _watched_steps(1)
+    names, owners = _layout(watch)
+    history = RunHistory()
+    history.parameter_norms.budget_cells = 4 * 100  # 4 parameters x 100 steps
+    template = all_stats[0]
+    steps = [(i, 0.0, dataclasses_replace(template, step=i), None) for i in range(1000)]
+    for start in range(0, 1000, 37):  # in batches, as the app appends
+        history.extend(steps[start:start + 37], names, param_names=watch.param_names,
+                       param_layers=owners)
+    norms = history.parameter_norms
+    assert norms.stride == 16 and 50 <= norms.count <= 100
+    assert norms._values.size <= norms.budget_cells
+    np.testing.assert_array_equal(norms.steps, np.arange(0, 1000, 16))
+    assert history.count == 1000  # the layers' statistics keep every step
+
+
+def dataclasses_replace(stats, **changes):
+    import dataclasses
+
+    return dataclasses.replace(stats, **changes)

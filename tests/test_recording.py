@@ -833,3 +833,57 @@ def test_report_output_cut_short_by_the_reader_is_no_error(tmp_path):
     assert process.returncode == 0, err
     assert "BrokenPipe" not in err and "Traceback" not in err
     assert json.loads(report.read_text())["steps_run"] == 3
+
+
+# -- wall-clock time and per-parameter norms ------------------------------------------------
+def test_wall_time_and_parameter_norms_round_trip_also_when_layers_change(tmp_path):
+    path = tmp_path / "params.gsrec"
+    model = small_model()
+    first, second = GradientWatch(model, ["0", "3"]), GradientWatch(model, ["3", "4"])
+    second._step = 10
+    collected = []
+    with RecordingWriter(path, build_module_tree(model)) as writer:
+        for watch, steps in ((first, 10), (second, 10)):
+            for stats in train(watch, model, steps):
+                writer.append(stats, watch.layers)
+                collected.append((watch, stats))
+    reader = RecordingReader(path)
+    assert reader.has_wall_time and reader.has_parameter_norms
+    _, history = reader.load()
+    assert history.has_wall_time()
+    np.testing.assert_array_equal(history.wall_time[:20], [s.wall_time for _, s in collected])
+    norms = history.parameter_norms
+    assert norms.layer_names == ["0.weight", "0.bias", "3.weight", "3.bias", "4.weight", "4.bias"]
+    assert norms.owner == ["0", "0", "3", "3", "4", "4"]
+    assert norms.params_of(["3"]) == ["3.weight", "3.bias"]
+    for row, (watch, stats) in enumerate(collected):
+        for name, value in zip(watch.param_names, stats.param_grad_norm, strict=True):
+            assert norms.series("grad_norm", name)[row] == np.float32(value)
+    assert (norms.series("grad_norm", "0.weight")[10:] == MISSING).all()
+    assert (norms.series("grad_norm", "4.bias")[:10] == MISSING).all()
+    _, sparse = RecordingReader(path).load(max_rows=5)  # decimated: the same rows kept
+    np.testing.assert_array_equal(sparse.parameter_norms.steps, sparse.steps)
+    follower = RecordingReader(path)
+    _, followed = follower.load()
+    assert follower.read_new_steps(followed) == 0
+    assert followed.parameter_norms.count == 20
+
+
+def test_a_recording_without_wall_time_and_parameter_norms_still_opens(tmp_path):
+    """A file written before steps were stamped (no steps.wall_time, no parameter tables)."""
+    path = tmp_path / "older.gsrec"
+    model = small_model()
+    with gradscope.watch(model, record=path) as watch:
+        train(watch, model, 4)
+    connection = sqlite3.connect(path)
+    for table in ("params", "param_sets", "param_grad_norm"):
+        connection.execute(f"DROP TABLE {table}")
+    connection.execute("ALTER TABLE steps DROP COLUMN wall_time")
+    connection.commit()
+    connection.close()
+    reader = RecordingReader(path)
+    assert not reader.has_wall_time and not reader.has_parameter_norms
+    _, history = reader.load()
+    assert history.count == 4 and not history.has_wall_time()
+    assert history.parameter_norms.count == 0
+    assert reader.read_new_steps(history) == 0

@@ -29,6 +29,10 @@ STATUS_MISSING = 255
 STATISTICS = ("grad_norm", "max_abs", "weight_norm", "update_ratio")
 GROUPED_ONSETS = 8  # more layers than this turning bad at one step make one event
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Each parameter's gradient norm is kept in at most this many bytes (float32 cells): a model
+# with 62 parameters (resnet18) keeps every step of 135,000; one with 6,000 keeps every step
+# of 1,400, then every second, fourth... step of the run (see ParameterNorms).
+PARAMETER_NORM_BYTES = 32 * 2**20
 
 
 def _to_float32(values: np.ndarray) -> np.ndarray:
@@ -98,6 +102,166 @@ def status_onsets(
     return events
 
 
+def owner_layers(
+    param_names: Sequence[str], layer_param_names: Sequence[Sequence[str]], layers: Sequence[str]
+) -> list[str]:
+    """The layer each parameter of ``param_names`` belongs to: the first of ``layers`` whose
+    parameters (``layer_param_names``, as ``LayerInfo.param_names``) list it, as the watch
+    decides which layer a tied parameter counts for."""
+    owner: dict[str, str] = {}
+    for layer, names in zip(layers, layer_param_names, strict=True):
+        for name in names:
+            owner.setdefault(name, layer)
+    return [owner.get(name, "") for name in param_names]
+
+
+def _elapsed(wall_time: np.ndarray) -> np.ndarray:
+    """Seconds since the first of ``wall_time``; never decreasing (a clock set back by NTP
+    must not make the plots' x fold back on itself)."""
+    if not len(wall_time):
+        return np.zeros(0)
+    return np.maximum.accumulate(wall_time - wall_time[0])
+
+
+class ParameterNorms:
+    """Each watched parameter's gradient norm (``StepStats.param_grad_norm``), by name, at
+    the history's steps, in at most ``budget_bytes``: every step while that holds them, then
+    every second one, every fourth... (``stride``; the kept rows are the history rows that
+    are multiples of it), so a long run is kept whole at a coarser resolution, as a
+    decimated recording is. MISSING where a parameter was not watched.
+
+    Read like a :class:`RunHistory` by the gradient-norm plot (``layer_names`` are the
+    parameter names here, ``matrix`` the norms): a parameter is one more curve."""
+
+    def __init__(self, history: RunHistory, budget_bytes: int = PARAMETER_NORM_BYTES) -> None:
+        self._history = history
+        self.budget_cells = max(1, budget_bytes // 4)
+        self.layer_names: list[str] = []  # the parameters' names
+        self.owner: list[str] = []  # the layer of each
+        self._column: dict[str, int] = {}
+        self.stride = 1
+        self.count = 0
+        self._rows = np.zeros(0, dtype=np.int64)  # history row of each kept row
+        self.step_numbers = np.zeros(0, dtype=np.int64)
+        self._values = np.zeros((0, 0), dtype=np.float32)
+
+    # The history's facts at the kept rows (what the plots read beside the values).
+    @property
+    def rows(self) -> np.ndarray:
+        return self._rows[: self.count]
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.step_numbers[: self.count]
+
+    @property
+    def skipped(self) -> np.ndarray:
+        return self._history.skipped[self.rows]
+
+    @property
+    def loss_scale(self) -> np.ndarray:
+        return self._history.loss_scale[self.rows]
+
+    @property
+    def wall_time(self) -> np.ndarray:
+        return self._history.wall_time[self.rows]
+
+    def has_wall_time(self) -> bool:
+        return self._history.has_wall_time()
+
+    def elapsed_seconds(self) -> np.ndarray:
+        """Seconds since the run's first step (the history's, so that these line up with
+        the layers' curves and the loss)."""
+        return self._history.elapsed_seconds()[self.rows]
+
+    def has_layer(self, name: str) -> bool:
+        return name in self._column
+
+    def column(self, name: str) -> int:
+        return self._column[name]
+
+    def matrix(self, statistic: str = "grad_norm") -> np.ndarray:
+        return self._values[: self.count, : len(self.layer_names)]
+
+    def series(self, statistic: str, name: str) -> np.ndarray:
+        return self._values[: self.count, self._column[name]]
+
+    def status_matrix(self) -> np.ndarray:
+        """Nonfinite where a norm is NaN/Inf, else ok (what the plots' skipped-step markers
+        ask: a skipped step that is also a failure shows as the failure)."""
+        values = self.matrix()
+        return np.where(
+            (values == MISSING) | np.isfinite(values), STATUS_OK, STATUS_NONFINITE
+        ).astype(np.uint8)
+
+    def params_of(self, layers: Sequence[str]) -> list[str]:
+        """The parameters of ``layers``, layer by layer in their order."""
+        by_layer: dict[str, list[str]] = {}
+        for name, owner in zip(self.layer_names, self.owner, strict=True):
+            by_layer.setdefault(owner, []).append(name)
+        return [name for layer in layers for name in by_layer.get(layer, ())]
+
+    def nbytes(self) -> int:
+        return self._values.nbytes + self._rows.nbytes + self.step_numbers.nbytes
+
+    # -- writing (by the history) --------------------------------------------------------
+    def ensure(self, names: Sequence[str], owners: Sequence[str]) -> np.ndarray:
+        for name, owner in zip(names, owners, strict=True):
+            if name not in self._column:
+                self._column[name] = len(self.layer_names)
+                self.layer_names.append(name)
+                self.owner.append(owner)
+        return np.fromiter((self._column[n] for n in names), dtype=np.intp, count=len(names))
+
+    def add(self, rows: np.ndarray, columns: np.ndarray, values: np.ndarray) -> None:
+        """The norms ``values`` (history rows x ``columns``) of history rows ``rows``
+        (increasing, after every row kept so far); those off the stride are not kept."""
+        keep = rows % self.stride == 0
+        rows, values = rows[keep], values[keep]
+        if not len(rows):
+            return
+        width = len(self.layer_names)
+        while (self.count + len(rows)) * max(width, 1) > self.budget_cells and (
+            self.count + len(rows) > 1
+        ):
+            self.stride *= 2
+            kept = self._rows[: self.count] % self.stride == 0
+            n = int(kept.sum())
+            self._rows[:n] = self._rows[: self.count][kept]
+            self.step_numbers[:n] = self.step_numbers[: self.count][kept]
+            self._values[:n] = self._values[: self.count][kept]
+            self.count = n
+            keep = rows % self.stride == 0
+            rows, values = rows[keep], values[keep]
+        need = self.count + len(rows)
+        capacity, columns_held = self._values.shape
+        if need > capacity or width > columns_held:
+            new_capacity = max(need, min(2 * capacity, self.budget_cells // max(width, 1)), 16)
+            grown = np.full((new_capacity, max(width, columns_held)), MISSING, dtype=np.float32)
+            grown[: self.count, :columns_held] = self._values[: self.count]
+            self._values = grown
+            for name in ("_rows", "step_numbers"):
+                old = getattr(self, name)
+                new = np.zeros(new_capacity, dtype=np.int64)
+                new[: self.count] = old[: self.count]
+                setattr(self, name, new)
+        span = slice(self.count, need)
+        self._rows[span] = rows
+        self.step_numbers[span] = self._history.step_numbers[rows]
+        # (read back from a recording they are float32 already: no second conversion)
+        values = values if values.dtype == np.float32 else _to_float32(values)
+        if len(columns) == width and np.array_equal(columns, np.arange(width)):
+            self._values[span, :width] = values  # every parameter, in order: a plain copy
+        else:
+            self._values[span] = MISSING
+            self._values[span, columns] = values
+        self.count = need
+
+    def forget_from(self, row: int) -> None:
+        """Forget the kept rows from history row ``row`` on (a rewind)."""
+        self.count = int(np.searchsorted(self._rows[: self.count], row, side="left"))
+
+
 class RunHistory:
     def __init__(self, capacity: int = 256) -> None:
         self.layer_names: list[str] = []
@@ -114,6 +278,11 @@ class RunHistory:
         # the scaler skipped the step.
         self.loss_scale = np.zeros(self._capacity, dtype=np.float64)
         self.skipped = np.zeros(self._capacity, dtype=bool)
+        # When each step was collected (seconds since the epoch; NaN: not known, as in
+        # recordings written before GradScope stamped steps).
+        self.wall_time = np.full(self._capacity, np.nan)
+        # Each parameter's gradient norm, within a memory bound (see ParameterNorms).
+        self.parameter_norms = ParameterNorms(self)
         self._stats: dict[str, np.ndarray] = {
             name: np.zeros((self._capacity, 0), dtype=np.float32) for name in STATISTICS
         }
@@ -170,6 +339,7 @@ class RunHistory:
         self.total_grad_norm = regrow(self.total_grad_norm, 0.0)
         self.loss_scale = regrow(self.loss_scale, 0.0)
         self.skipped = regrow(self.skipped, False)
+        self.wall_time = regrow(self.wall_time, np.nan)
         worst = np.zeros(columns, dtype=np.uint8)
         worst[: len(self.worst_status)] = self.worst_status
         self.worst_status = worst
@@ -185,7 +355,12 @@ class RunHistory:
         layer_types: Sequence[str] | None = None,
         layer_params: Sequence[int] | None = None,
         origin: Origin | None = None,
+        param_names: Sequence[str] | None = None,
+        param_layers: Sequence[str] | None = None,
     ) -> None:
+        """One step. ``param_names`` (``GradientWatch.param_names``, the order of
+        ``stats.param_grad_norm``) and ``param_layers`` (each one's layer, see
+        :func:`owner_layers`): keep each parameter's norm too (see ParameterNorms)."""
         columns = self.ensure_layers(layer_names, layer_types, layer_params)
         if self.count == self._capacity:
             self._grow(2 * self._capacity, self._layer_capacity)
@@ -196,6 +371,7 @@ class RunHistory:
             self.total_grad_norm[row] = stats.total_grad_norm
             self.loss_scale[row] = stats.loss_scale or 0.0
             self.skipped[row] = stats.skipped
+            self.wall_time[row] = np.nan if stats.wall_time is None else stats.wall_time
             packed = statistic_rows(stats)
             self._stats["grad_norm"][row, columns] = packed[0]
             self._stats["max_abs"][row, columns] = packed[1]
@@ -205,6 +381,8 @@ class RunHistory:
             self._status[row, columns] = stats.status
             self.worst_status[columns] = np.maximum(self.worst_status[columns], stats.status)
             self._note_onsets(step, layer_names, stats)
+            if param_names is not None and len(stats.param_grad_norm) == len(param_names):
+                self._add_parameter_norms(row, [stats], param_names, param_layers)
         self.count += 1
         if origin is not None:
             self.origins.append(origin)
@@ -218,6 +396,8 @@ class RunHistory:
         layer_names: Sequence[str],
         layer_types: Sequence[str] | None = None,
         layer_params: Sequence[int] | None = None,
+        param_names: Sequence[str] | None = None,
+        param_layers: Sequence[str] | None = None,
     ) -> None:
         """Append several steps (step, loss, stats, origin) that share one layer layout: the
         same as :meth:`append` for each in turn, with one numpy operation per statistic for
@@ -229,7 +409,17 @@ class RunHistory:
             stats is None or origin is not None for _, _, stats, origin in steps
         ):
             for step, loss, stats, origin in steps:  # rare: each in turn
-                self.append(step, loss, stats, layer_names, layer_types, layer_params, origin)
+                self.append(
+                    step,
+                    loss,
+                    stats,
+                    layer_names,
+                    layer_types,
+                    layer_params,
+                    origin,
+                    param_names,
+                    param_layers,
+                )
             return
         columns = self.ensure_layers(layer_names, layer_types, layer_params)
         count = len(steps)
@@ -242,6 +432,9 @@ class RunHistory:
         self.total_grad_norm[rows] = [stats.total_grad_norm for stats in all_stats]
         self.loss_scale[rows] = [stats.loss_scale or 0.0 for stats in all_stats]
         self.skipped[rows] = [stats.skipped for stats in all_stats]
+        self.wall_time[rows] = [
+            np.nan if stats.wall_time is None else stats.wall_time for stats in all_stats
+        ]
         block = np.stack([statistic_rows(stats) for stats in all_stats])
         for k, name in enumerate(("grad_norm", "max_abs", "weight_norm")):
             self._stats[name][rows, columns] = block[:, k]
@@ -265,7 +458,28 @@ class RunHistory:
                 status_onsets(step, layer_names, status[row], before[row], stats.grad_norm)
             )
         self._previous_status.update(zip(layer_names, status[-1].tolist(), strict=True))
+        if param_names is not None and all(
+            len(stats.param_grad_norm) == len(param_names) for stats in all_stats
+        ):
+            self._add_parameter_norms(self.count, all_stats, param_names, param_layers)
         self.count += count
+
+    def _add_parameter_norms(
+        self,
+        first_row: int,
+        all_stats: Sequence[StepStats],
+        param_names: Sequence[str],
+        param_layers: Sequence[str] | None,
+    ) -> None:
+        norms = self.parameter_norms
+        owners = param_layers if param_layers is not None else [""] * len(param_names)
+        columns = norms.ensure(param_names, owners)
+        rows = np.arange(first_row, first_row + len(all_stats), dtype=np.int64)
+        wanted = rows % norms.stride == 0
+        if not wanted.any():
+            return
+        chosen = [stats for stats, keep in zip(all_stats, wanted.tolist(), strict=True) if keep]
+        norms.add(rows[wanted], columns, np.stack([s.param_grad_norm for s in chosen]))
 
     def _note_onsets(self, step: int, names: Sequence[str], stats: StepStats) -> None:
         before = np.fromiter(
@@ -338,6 +552,16 @@ class RunHistory:
     def losses(self) -> np.ndarray:
         return self.loss[: self.count]
 
+    def has_wall_time(self) -> bool:
+        """Every step has its wall-clock time (a recording written before GradScope stamped
+        steps has none: the plots then offer steps only)."""
+        return bool(self.count) and bool(np.isfinite(self.wall_time[: self.count]).all())
+
+    def elapsed_seconds(self) -> np.ndarray:
+        """Each step's wall-clock time in seconds since the run's first step (TensorBoard's
+        "Relative" axis); NaN without wall-clock times."""
+        return _elapsed(self.wall_time[: self.count])
+
     def rewind_to(self, step: int) -> None:
         """Forget step ``step`` and everything after it: a rewound run's new branch replaces
         them. Events, the first NaN/Inf origin and each layer's worst status are those of the
@@ -351,6 +575,8 @@ class RunHistory:
         self.total_grad_norm[keep : self.count] = 0.0
         self.loss_scale[keep : self.count] = 0.0
         self.skipped[keep : self.count] = False
+        self.wall_time[keep : self.count] = np.nan
+        self.parameter_norms.forget_from(keep)
         self.count = keep
         # The origin goes with its event: both belong to the step that found it, which for
         # an "update" origin is one step after the origin's own (the optimizer step that
@@ -379,4 +605,8 @@ class RunHistory:
         }
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._stats.values()) + self._status.nbytes
+        return (
+            sum(a.nbytes for a in self._stats.values())
+            + self._status.nbytes
+            + self.parameter_norms.nbytes()
+        )

@@ -48,6 +48,9 @@ def make_application(argv: list[str] | None = None) -> Any:
     app.setApplicationName(APPLICATION)
     app.setStyle("Fusion")
     configure_plots()
+    from gradscope.gui import file_dialog_columns
+
+    file_dialog_columns.install(app)
     return app
 
 

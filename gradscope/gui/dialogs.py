@@ -6,6 +6,7 @@ the background, a scripted screenshot and the tests are never blocked by one."""
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from typing import ClassVar
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal
@@ -140,8 +141,50 @@ class ModelDialog(QDialog):
         self.search.textChanged.connect(self._on_search_text_changed)
         self.library.currentIndexChanged.connect(self._on_library_current_index_changed)
         self.list.itemDoubleClicked.connect(lambda _item: self.accept())
+        # Asked before a model over HUGE_MODEL_PARAMETERS is built (a name answered yes
+        # to is not asked again); the estimate is made without building the model.
+        self.estimate: Callable[[str], int | None] = _estimate
+        self.size_question: QMessageBox | None = None
+        self._confirmed: str | None = None
         self._show_library("")
         self.resize(420, 520)
+
+    def accept(self) -> None:
+        name = self.selected_name()
+        if name is None or name == self._confirmed:
+            super().accept()
+            return
+        from gradscope.core.model_size import HUGE_MODEL_PARAMETERS, is_huge
+
+        count = self.estimate(name)
+        if not is_huge(count):
+            super().accept()
+            return
+        assert count is not None
+        box = QMessageBox(
+            QMessageBox.Icon.Warning,
+            "A large model",
+            f"{name} has about {count / 1e6:,.0f} million parameters (more than "
+            f"{HUGE_MODEL_PARAMETERS / 1e6:,.0f} million).\n\n"
+            "Building it with random weights takes a while, its weights and gradients "
+            f"alone take about {count * 8 / 1e9:.1f} GB of memory (float32), and a step on "
+            "a CPU can take minutes.\n\nBuild it anyway?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            self,
+        )
+        box.setDefaultButton(QMessageBox.StandardButton.No)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.finished.connect(lambda _result: self._on_size_question_finished(name, box))
+        self.size_question = box
+        box.open()
+
+    def _on_size_question_finished(self, name: str, box: QMessageBox) -> None:
+        self.size_question = None
+        if box.clickedButton() is box.button(QMessageBox.StandardButton.Yes):
+            self._confirmed = name
+            super().accept()
+        else:  # back to the list, to pick another
+            self.search.setFocus(Qt.FocusReason.OtherFocusReason)
 
     def prefix(self) -> str:
         return str(self.library.currentData() or "")
@@ -242,6 +285,16 @@ class ModelDialog(QDialog):
         # A name the list does not hold, typed in full: a local HF folder, a timm name.
         if typed.startswith(("hf:", "timm:")) and len(typed.split(":", 1)[1]) > 0:
             return typed
+        return None
+
+
+def _estimate(name: str) -> int | None:
+    from gradscope.core.errors import GradScopeError
+    from gradscope.core.model_size import estimated_parameters
+
+    try:
+        return estimated_parameters(name)
+    except GradScopeError:  # the library is missing: loading it will say so
         return None
 
 

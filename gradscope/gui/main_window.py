@@ -720,13 +720,15 @@ class MainWindow(QMainWindow):
         if self.loaded is None:
             return
         # In runs of steps with one layer layout (it changes when the watched layers do).
-        for _, run in groupby(payload.records, key=lambda record: record.layer_names):
+        for _, run in groupby(payload.records,
+                              key=lambda record: (record.layer_names, record.param_names)):
             records = list(run)
             first = records[0]
             self.history.extend(
                 [(r.result.step, r.result.loss, r.result.stats, r.result.origin)
                  for r in records],
-                first.layer_names, first.layer_types, first.layer_params)
+                first.layer_names, first.layer_types, first.layer_params,
+                param_names=first.param_names or None, param_layers=first.param_layers)
             for record in records:  # a what-if while paused shows in Events
                 change = self.settings_trail.note(int(record.result.step), record.settings)
                 if change is not None:

@@ -38,8 +38,10 @@ def has_scaler(history: RunHistory) -> bool:
 
 
 def _tip(x: float, y: float, data: object) -> str:
-    scale = f" (loss scale {format_value(float(data))})" if data else ""
-    return f"step {round(x)}: {SKIPPED_WORDS}{scale}\nan expected overflow, not a failure"
+    # data: (step, scale); x is the step only on a step axis (not on a wall-clock one).
+    step, value = data if isinstance(data, tuple) else (round(x), data)
+    scale = f" (loss scale {format_value(float(value))})" if value else ""
+    return f"step {step}: {SKIPPED_WORDS}{scale}\nan expected overflow, not a failure"
 
 
 def skipped_marker_item(size: int = 11) -> pg.ScatterPlotItem:
@@ -65,15 +67,20 @@ class SkippedMarkers:
         self.pinned = pinned
         self.markers = skipped_marker_item()
         item.addItem(self.markers, ignoreBounds=True)
-        self.steps = np.zeros(0)
+        self.steps = np.zeros(0)  # the skipped steps' numbers
+        self.x = np.zeros(0)  # and where they are drawn (steps, or seconds on a time axis)
         self._y = np.zeros(0)
         self._scales = np.zeros(0)
         item.vb.sigRangeChanged.connect(self.place)
         item.vb.sigResized.connect(self.place)
 
-    def refresh(self, history: RunHistory, y: np.ndarray | None = None) -> None:
+    def refresh(
+        self, history: RunHistory, y: np.ndarray | None = None, x: np.ndarray | None = None
+    ) -> None:
+        """``x``: where each step of the history is drawn (None: at its step number)."""
         rows = skipped_rows(history)
         self.steps = history.steps[: history.count][rows].astype(np.float64)
+        self.x = self.steps if x is None else np.asarray(x, dtype=np.float64)[rows]
         self._scales = history.loss_scale[: history.count][rows]
         if y is not None:
             self._y = np.asarray(y, dtype=np.float64)[rows]
@@ -91,7 +98,8 @@ class SkippedMarkers:
             if self.pinned or len(self._y) != len(self.steps)
             else np.where(np.isfinite(self._y), self._y, pinned)
         )
-        self.markers.setData(x=self.steps, y=y, data=self._scales.tolist())
+        data = list(zip(self.steps.astype(np.int64).tolist(), self._scales.tolist(), strict=True))
+        self.markers.setData(x=self.x, y=y, data=data)
 
 
 class LossScaleAxis:
@@ -123,7 +131,8 @@ class LossScaleAxis:
         self.view.setGeometry(self.plot_item.vb.sceneBoundingRect())
         self.view.linkedViewChanged(self.plot_item.vb, self.view.XAxis)
 
-    def refresh(self, history: RunHistory) -> None:
+    def refresh(self, history: RunHistory, x: np.ndarray | None = None) -> None:
+        """``x``: where each step is drawn (None: at its step number)."""
         shown = has_scaler(history)
         if shown != self.shown:
             self.shown = shown
@@ -138,7 +147,7 @@ class LossScaleAxis:
             return
         count = history.count
         scale = history.loss_scale[:count]
-        steps = history.steps[:count].astype(np.float64)
+        steps = history.steps[:count].astype(np.float64) if x is None else x[:count]
         logged = np.full(count, np.nan)
         good = scale > 0
         logged[good] = np.log10(scale[good])

@@ -13,6 +13,7 @@ line at each refresh.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -88,11 +89,167 @@ def tick_text(value: float, spacing: float | None = None) -> str:
     return f"{mantissa}·{power}"
 
 
+# Tick spacings of a time axis, in seconds: what a clock shows (5 s, 15 s, 1 min, 15 min...).
+_TIME_SPACINGS = (
+    0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
+    21600, 43200, 86400, 172800, 432000, 864000,
+)
+
+
+def elapsed_text(seconds: float, spacing: float = 1.0) -> str:
+    """Seconds since the first step as a clock reads them: ``0:00:05``, ``1:30:00``,
+    ``2d 3:00:00``; tenths while the ticks are under a second apart (``0:00:01.5``)."""
+    sign = "-" if seconds < 0 else ""
+    seconds = abs(seconds)
+    tenths = spacing < 1
+    if tenths:
+        seconds = round(seconds, 1)
+    else:
+        seconds = round(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, rest = divmod(rest, 60)
+    clock = f"{int(hours)}:{int(minutes):02d}:" + (
+        f"{rest:04.1f}" if tenths else f"{int(rest):02d}"
+    )
+    return sign + (f"{int(days)}d {clock}" if days else clock)
+
+
+def time_tick_values(low: float, high: float, pixels: float) -> list:
+    """Major ticks at a clock-like spacing with about 90 px between labels (an h:mm:ss label
+    is wide), and minor ones between them."""
+    span = max(high - low, 1e-9)
+    wanted = span * 90 / max(pixels, 1)
+    major = next((s for s in _TIME_SPACINGS if s >= wanted), _TIME_SPACINGS[-1])
+    while major < wanted:
+        major *= 2
+    index = _TIME_SPACINGS.index(major) if major in _TIME_SPACINGS else -1
+    minor = _TIME_SPACINGS[index - 1] if index > 0 else major / 2
+
+    def ticks(spacing: float) -> list[float]:
+        first = math.ceil(low / spacing)
+        last = math.floor(high / spacing)
+        return [k * spacing for k in range(first, last + 1)][:1000]
+
+    majors = ticks(major)
+    minors = [v for v in ticks(minor) if not any(abs(v - m) < 1e-9 for m in majors)]
+    return [(major, majors), (minor, minors)]
+
+
+# Within a decade, the mantissas labelled, from the sparsest to the densest (1 alone, then
+# 1-2-5...): the densest whose closest pair of labels is still a label apart.
+_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 5), (1, 2, 3, 4, 5, 6, 8), tuple(range(1, 10)))
+_DECADE_STEPS = (1, 2, 3, 5, 10, 20, 25, 50, 100, 200, 500)
+
+
+def _nice(value: float) -> float:
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= value * (1 - 1e-9))
+
+
+def log_tick_values(
+    low: float, high: float, pixels: float, label_pixels: float
+) -> tuple[list, set[float]]:
+    """Ticks of a log axis from log10 ``low`` to ``high`` over ``pixels``, and the ticks
+    that get a label: powers of ten at a spacing that fits (1, 2, 5... decades apart) with
+    the top decade in view always named; 2 and 5 (and more) between them when fewer than two
+    powers of ten are in view or there is room; evenly spaced values when zoomed within a
+    decade. Labels are never closer than ``label_pixels``. Levels: (major: the labelled,
+    minor: grid lines only)."""
+    span = high - low
+    per_decade = pixels / span
+    eps = 1e-9
+    first, last = math.ceil(low - eps), math.floor(high + eps)
+    powers = list(range(first, last + 1))
+    labelled: list[float] = []
+    minor: list[float] = []
+    if per_decade * 0.3 < label_pixels and powers:
+        # Not even 1-2-5 fits: powers of ten only, every k-th.
+        step = next(
+            (k for k in _DECADE_STEPS if k * per_decade >= label_pixels * 1.4), _DECADE_STEPS[-1]
+        )
+        labelled = [float(p) for p in powers if p % step == 0]
+        top = float(powers[-1])
+        if top not in labelled and (
+            not labelled or (top - labelled[-1]) * per_decade >= label_pixels * 1.2
+        ):
+            labelled.append(top)  # the top decade in view is named
+        minor = [float(p) for p in powers if float(p) not in labelled]
+        if step == 1 or per_decade >= 20:
+            minor += [p + math.log10(m) for p in range(first - 1, last + 1) for m in range(2, 10)]
+    else:
+        # Between powers of ten only with room to spare (a label every few lines reads
+        # better than a column of them); as tight as fits only when that leaves fewer than
+        # two labels in view.
+        def with_room(room: float) -> list[float]:
+            chosen: list[float] = []
+            for mantissas in _MANTISSAS:
+                closest = min(math.log10(b / a) for a, b in itertools.pairwise((*mantissas, 10)))
+                if closest * per_decade < room:
+                    break
+                chosen = [
+                    p + math.log10(m)
+                    for p in range(first - 1, last + 1)
+                    for m in mantissas
+                    if low - eps <= p + math.log10(m) <= high + eps
+                ]
+            return chosen
+
+        chosen = with_room(label_pixels * 1.8)
+        if len(chosen) < 2:
+            chosen = with_room(label_pixels)
+        labelled = chosen
+        if len(labelled) < 2:
+            # Zoomed in within a decade: evenly spaced values, as far apart at the top
+            # (where a log axis packs them closest) as a label.
+            bottom_value, top_value = 10.0**low, 10.0**high
+            spacing = _nice((top_value - bottom_value) / max(2.0, pixels / label_pixels / 1.5))
+            while top_value / max(top_value - spacing, 1e-300) < 10 ** (label_pixels / per_decade):
+                spacing = _nice(spacing * 1.01)
+            start = math.ceil(bottom_value / spacing - eps)
+            values = [k * spacing for k in range(start, start + 1000)]
+            labelled = [math.log10(v) for v in values if v <= top_value * (1 + eps) and v > 0]
+        minor = [
+            p + math.log10(m)
+            for p in range(first - 1, last + 1)
+            for m in range(1, 10)
+            if low <= p + math.log10(m) <= high
+        ]
+    keys = {round(v, 9) for v in labelled}
+    minor = [v for v in minor if low <= v <= high and round(v, 9) not in keys]
+    return [(1.0, labelled), (None, minor)], keys
+
+
 class GridAxis(pg.AxisItem):
     """An axis whose ticks and grid lines are opaque, drawn behind the plot's data, with
-    the app's tick labels (:func:`tick_text`)."""
+    the app's tick labels (:func:`tick_text`); with ``time_ticks`` a step axis of seconds
+    since the first step, labelled h:mm:ss."""
+
+    time_ticks = False
+
+    def set_time_ticks(self, on: bool) -> None:
+        if on != self.time_ticks:
+            self.time_ticks = on
+            self.picture = None
+            self.update()
+
+    def tickValues(self, minVal: float, maxVal: float, size: float) -> list:
+        low, high = min(minVal, maxVal), max(minVal, maxVal)
+        if self.time_ticks and not self.logMode:
+            levels = time_tick_values(low, high, size)
+            self._time_major = levels[0][0]
+            return levels
+        if self.logMode and high > low and math.isfinite(high - low):
+            levels, labelled = log_tick_values(low, high, size, self._label_pixels())
+            self._log_labels = ((low, high), labelled)
+            return levels
+        return super().tickValues(minVal, maxVal, size)
 
     def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        if self.time_ticks and not self.logMode:
+            if spacing < getattr(self, "_time_major", spacing) - 1e-9:
+                return [None] * len(values)  # minor ticks: grid lines only
+            return [elapsed_text(v, spacing) for v in values]
         if self.logMode:
             return self.logTickStrings(values, scale, spacing)
         # Round away float noise of the tick positions (0.30000000000000004).
@@ -104,10 +261,17 @@ class GridAxis(pg.AxisItem):
     def logTickStrings(
         self, values: list[float], scale: float, spacing: float
     ) -> list[str | None]:
-        # Over more than a decade, only the powers of ten are labelled: the 2..9 minor ticks
-        # of every decade crowded into unreadable stacks ("0.1 0.09 0.08..."). An unlabelled
-        # tick gets None, not "": pyqtgraph then skips it instead of measuring and placing an
-        # empty label (about 100 of them on a 13-decade axis, at every zoom).
+        # The labelled ticks are those log_tick_values chose for this range (they never
+        # overlap, and there are at least two); an unlabelled tick gets None, not "":
+        # pyqtgraph then skips it instead of measuring and placing an empty label.
+        chosen = self._log_labels
+        if chosen is not None and chosen[0] == tuple(sorted(self.range)):
+            labelled = chosen[1]
+            return [
+                tick_text(10 ** v * scale) if round(v, 9) in labelled else None for v in values
+            ]
+        # Not chosen for this range (a direct call): over more than a decade only the
+        # powers of ten.
         low, high = sorted(self.range)
         decades = high - low
         labels: list[str | None] = []
@@ -117,6 +281,22 @@ class GridAxis(pg.AxisItem):
             else:
                 labels.append(tick_text(10 ** v * scale))
         return labels
+
+    _log_labels: tuple[tuple[float, float], set[float]] | None = None
+
+    def _label_pixels(self) -> float:
+        """Pixels a tick label takes along the axis, with a gap (kept per font)."""
+        font = self.style.get("tickFont") or QFont()
+        kept = getattr(self, "_label_pixels_kept", None)
+        if kept is not None and kept[0] == font.key():
+            return kept[1]
+        metrics = QFontMetrics(font)
+        if self.orientation in ("left", "right"):
+            pixels = metrics.height() * 0.8 + 5
+        else:
+            pixels = metrics.horizontalAdvance("5·10⁻¹⁰") + 10
+        self._label_pixels_kept = (font.key(), pixels)
+        return pixels
 
     def __init__(self, orientation: str) -> None:
         super().__init__(orientation)

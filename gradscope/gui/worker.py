@@ -17,6 +17,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from gradscope.core.history import owner_layers
 from gradscope.core.step_progress import StepAborted, StepProgress
 
 # Seconds between two batches of step results sent to the GUI while steps are fast. While a
@@ -65,6 +66,9 @@ class StepRecord:
     layer_types: tuple[str, ...]
     layer_params: tuple[int, ...]
     settings: Any = None  # the RunSettings the step ran with
+    # The watch's parameters (the order of the step's param_grad_norm) and each one's layer.
+    param_names: tuple[str, ...] = ()
+    param_layers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,14 @@ class RunWorker(QObject):
         # to itself instead of sharing them with a training loop of small steps.
         self.gui_idle = threading.Event()
         self.gui_idle.set()
-        self._layer_layout: tuple[Any, tuple, tuple, tuple] = (None, (), (), ())
+        self._layer_layout: tuple[Any, tuple, tuple, tuple, tuple, tuple] = (
+            None,
+            (),
+            (),
+            (),
+            (),
+            (),
+        )
         # Module-by-module progress of long steps (read by the GUI thread), and the way to
         # abandon a step when the app quits.
         self.progress = StepProgress()
@@ -326,14 +337,20 @@ class RunWorker(QObject):
         watch = self.runner.watch
         layers = watch.layers if watch is not None else []
         if self._layer_layout[0] is not layers:
+            names = tuple(layer.name for layer in layers)
+            param_names = tuple(watch.param_names) if watch is not None else ()
             self._layer_layout = (
                 layers,
-                tuple(layer.name for layer in layers),
+                names,
                 tuple(layer.type_name for layer in layers),
                 tuple(layer.num_params for layer in layers),
+                param_names,
+                tuple(owner_layers(param_names, [la.param_names for la in layers], names)),
             )
-        _, names, types, params = self._layer_layout
-        return StepRecord(result, names, types, params, self.runner.settings)
+        _, names, types, params, param_names, param_layers = self._layer_layout
+        return StepRecord(
+            result, names, types, params, self.runner.settings, param_names, param_layers
+        )
 
     def _emit_records(self, pending: list[StepRecord]) -> None:
         if pending:

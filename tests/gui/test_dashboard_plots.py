@@ -322,6 +322,11 @@ def test_the_hover_label_goes_with_the_data_it_points_at(qtbot, window, tmp_path
 
     QApplication.sendEvent(plot, QEvent(QEvent.Type.Leave))  # the mouse left the plot
     assert not plot.hover.isVisible()
+    # Onto the statistic box over the plot's corner: the plot widget itself is not left
+    # (the box is its child), its drawing area is.
+    hover_a_point()
+    QApplication.sendEvent(plot.widget.viewport(), QEvent(QEvent.Type.Leave))
+    assert not plot.hover.isVisible() and plot.hover_text == ""
 
 
 def test_empty_plots_say_how_to_start(qtbot, window, scripts) -> None:

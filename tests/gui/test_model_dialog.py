@@ -89,3 +89,40 @@ def test_typing_a_name_and_enter_opens_that_model(qtbot) -> None:
     assert dialog.selected_name() == "resnet18"
     dialog.search.setText("vit")  # no exact match: the first that matches
     assert dialog.selected_name() == "vit_b_16"
+
+
+def test_a_model_over_300m_parameters_asks_before_it_is_built(qtbot) -> None:
+    from PySide6.QtWidgets import QDialog, QMessageBox
+
+    dialog = ModelDialog(None, ["resnet18", "vit_h_14"])
+    qtbot.addWidget(dialog)
+    dialog.show()
+    asked: list[str] = []
+
+    def estimate(name: str) -> int | None:
+        from gradscope.core.model_size import estimated_parameters
+
+        asked.append(name)
+        return estimated_parameters(name)
+
+    dialog.estimate = estimate
+    dialog.search.setText("resnet18")
+    dialog.accept()  # 11.7M parameters: opens at once
+    assert dialog.result() == QDialog.DialogCode.Accepted and dialog.size_question is None
+
+    dialog.show()
+    dialog.setResult(0)
+    dialog.search.setText("vit_h_14")
+    dialog.accept()
+    question = dialog.size_question
+    assert question is not None and question.isVisible()
+    assert "vit_h_14 has about 633 million parameters" in question.text()
+    assert question.defaultButton() is question.button(QMessageBox.StandardButton.No)
+    assert dialog.isVisible() and dialog.result() == 0  # not built while it asks
+    question.button(QMessageBox.StandardButton.No).click()
+    assert dialog.isVisible() and dialog.result() == 0  # No: back to the list
+    dialog.accept()
+    dialog.size_question.button(QMessageBox.StandardButton.Yes).click()
+    assert dialog.result() == QDialog.DialogCode.Accepted
+    assert dialog.selected_name() == "vit_h_14"
+    assert asked == ["resnet18", "vit_h_14", "vit_h_14"]

@@ -3,6 +3,8 @@ translucent aliased lines ~25x slower) and behind the data (so it never hides a 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from PySide6.QtGui import QColor, QImage, QPainter
 
@@ -227,3 +229,59 @@ def test_zoomed_in_step_ticks_have_labels_that_tell_them_apart() -> None:
         assert len(set(labels)) == len(labels), labels
     assert steps.tickStrings([10000, 10005], 1, 5) == ["10⁴", "1.0005·10⁴"]
     assert steps.tickStrings([0, 10000, 20000], 1, 10000) == ["0", "10⁴", "2·10⁴"]
+
+
+def _drawn_labels(qtbot, low: float, high: float, height: int) -> list[tuple[str, float, float]]:
+    """The labels a log value axis of a ``height`` px plot draws over log10 ``low..high``:
+    (text, top, bottom), top to bottom."""
+    import pyqtgraph as pg
+
+    from gradscope.gui.plot_axes import GridAxis
+
+    axis = GridAxis("left")
+    widget = pg.PlotWidget(axisItems={"left": axis, "bottom": GridAxis("bottom")})
+    qtbot.addWidget(widget)
+    widget.resize(400, height)
+    axis.setLogMode(True)
+    axis.setWidth(64)  # the gradient-norm plot's (LEFT_AXIS_WIDTH)
+    widget.getPlotItem().setYRange(low, high, padding=0)
+    widget.show()
+    widget.grab()
+    image = QImage(100, 1000, QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    _, _, texts = axis.generateDrawSpecs(painter)
+    painter.end()
+    return sorted(((text, r.top(), r.bottom()) for r, _, text in texts), key=lambda t: t[1])
+
+
+# Ranges seen at 1280x800 (the gradient-norm plot is about 270 px tall there).
+_LOG_RANGES = [
+    (-0.6, 0.65),  # norms from 0.25 to 4.5: only "1" was labelled
+    (-3, 1),  # "1", "0.1", "0.01" were each drawn twice, on top of each other
+    (-3.02, 1.0),
+    (-1.1, -0.1),  # inside a decade: 0.09 and 0.08 overlapped
+    (-12, 2),  # ticks every 5 decades: the top two decades had no label
+    (-20, 0),
+    (-35, 5),
+    (8, 14),
+    (-9, -8.2),
+    (-0.28, -0.24),  # zoomed in: no power of ten, no 2 or 5 in view
+]
+
+
+def test_log_axis_labels_never_overlap_and_are_never_alone(qtbot) -> None:
+    for low, high in _LOG_RANGES:
+        for height in (200, 300):
+            labels = _drawn_labels(qtbot, low, high, height)
+            texts = [text for text, _, _ in labels]
+            assert len(texts) >= 2, (low, high, height, texts)
+            assert len(set(texts)) == len(texts), (low, high, height, texts)
+            for (a, _, bottom), (b, top, _) in itertools.pairwise(labels):
+                assert bottom <= top, (low, high, height, a, b)
+
+
+def test_the_top_decade_in_view_is_labelled(qtbot) -> None:
+    labels = [text for text, _, _ in _drawn_labels(qtbot, -12, 2, 250)]
+    assert labels[0] == "100"
+    labels = [text for text, _, _ in _drawn_labels(qtbot, -35, 5, 300)]
+    assert labels[0] == "10⁵"

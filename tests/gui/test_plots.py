@@ -368,3 +368,27 @@ def _has_color_near(image, x: int, y: int, color, reach: int = 2) -> bool:
             if image.pixelColor(x + dx, y + dy).rgb() == color.rgb():
                 return True
     return False
+
+
+def test_flow_bars_name_nan_in_the_apps_sans_font_and_thresholds_only_under_the_axis(qtbot):
+    # Issue 27: the "NaN" on a bar was drawn in a serif (a QFont with an empty family), and
+    # the "vanish" name sat in a box on its line, over the bars.
+    import pyqtgraph as pg
+    from PySide6.QtGui import QFontInfo
+    from PySide6.QtWidgets import QApplication
+
+    from gradscope.gui.plots import GradientFlowPlot
+
+    names, history, _ = _history(6, 6)  # step 5 has a NaN in layer5
+    plot = _shown_plot(qtbot, GradientFlowPlot)
+    plot.refresh(_view(names, history, selected=None))
+    texts = [i for i in plot.item.items if isinstance(i, pg.TextItem)]
+    nan_labels = [t for t in texts if t.textItem.toPlainText() in ("NaN", "Inf")]
+    assert len(nan_labels) == 1
+    family = QFontInfo(nan_labels[0].textItem.font()).family()
+    assert family == QFontInfo(QApplication.font()).family()
+    assert "serif" not in family.lower() or "sans" in family.lower()
+    assert not any("vanish" in t.textItem.toPlainText() for t in texts)
+    for line in (plot.vanish_line, plot.explode_line):
+        assert getattr(line, "label", None) is None
+    assert "vanish" in plot.item.getAxis("bottom").labelText

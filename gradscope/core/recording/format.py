@@ -10,17 +10,25 @@ Format (``FORMAT_VERSION`` in the ``meta`` table; a reader refuses newer version
   each step covers, an int32 BLOB of layer positions; a new set when the watched layers
   change during a run);
 - ``steps``: one row per recorded step (step number, layer set, loss, total grad norm, flags,
-  and the loss scaler's scale, NULL without one)
+  the loss scaler's scale, NULL without one, and ``wall_time``: when the watch collected the
+  step, seconds since the epoch)
   and one table per statistic (``grad_norm``, ``max_abs``, ``weight_norm``, ``update_ratio``,
   ``status``) holding one BLOB per step: the step's values for its layer set as packed
   little-endian float32 (uint8 for status). NaN/Inf are stored as they are. Tables apart let
   a reader fetch one statistic without touching the others. NaN/Inf counts are sparse
   (``nonfinite_counts``, int64, only steps that have any);
+- ``params`` (each watched parameter: name and the layer it counts for), ``param_sets``
+  (the parameters each step covers, like ``layer_sets``) and ``param_grad_norm`` (one BLOB
+  per step: each parameter's gradient norm as float32, ``StepStats.param_grad_norm``);
 - ``events`` (status onsets, the NaN/Inf origin, gaps) and ``origins`` (the first non-finite
   origin's full details as JSON);
 - ``rewinds``: where the app rewound the run (``RecordingWriter.rewind_to``); the abandoned
   branch's rows are deleted, so step numbers never decrease from row to row, and a
   follower rewinds its history when it sees a new entry.
+
+Added within version 2 (a reader checks for them, a file without them opens as before, and an
+older GradScope reads a file with them, ignoring them): ``steps.wall_time`` and the three
+parameter tables. Nothing in them changes what the older columns mean, so the version stays.
 
 Nothing is pickled: opening a recording runs no code. SQLite's WAL mode lets readers read
 while the writer appends and a committed transaction survives the writer being killed
@@ -71,7 +79,7 @@ CREATE TABLE layers(
 CREATE TABLE layer_sets(id INTEGER PRIMARY KEY, positions BLOB NOT NULL);
 CREATE TABLE steps(
     row INTEGER PRIMARY KEY, step INTEGER NOT NULL, layer_set INTEGER NOT NULL,
-    loss REAL, total_grad_norm REAL, flags INTEGER NOT NULL, loss_scale REAL);
+    loss REAL, total_grad_norm REAL, flags INTEGER NOT NULL, loss_scale REAL, wall_time REAL);
 CREATE TABLE grad_norm(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
 CREATE TABLE max_abs(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
 CREATE TABLE weight_norm(row INTEGER PRIMARY KEY, data BLOB NOT NULL);
@@ -84,6 +92,11 @@ CREATE TABLE events(
 CREATE INDEX events_by_row ON events(row);
 CREATE TABLE origins(id INTEGER PRIMARY KEY, row INTEGER NOT NULL, data TEXT NOT NULL);
 CREATE TABLE rewinds(id INTEGER PRIMARY KEY, step INTEGER NOT NULL, row INTEGER NOT NULL);
+CREATE TABLE params(
+    position INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, layer TEXT NOT NULL);
+CREATE TABLE param_sets(id INTEGER PRIMARY KEY, positions BLOB NOT NULL);
+CREATE TABLE param_grad_norm(
+    row INTEGER PRIMARY KEY, param_set INTEGER NOT NULL, data BLOB NOT NULL);
 """
 _TABLES = (
     "meta",
@@ -102,6 +115,8 @@ _TABLES = (
     "origins",
     "rewinds",
 )
+# Tables a file written before they were added lacks (see the module docstring).
+OPTIONAL_TABLES = ("params", "param_sets", "param_grad_norm")
 _ROW_TABLES = (
     "steps",
     "grad_norm",
@@ -112,6 +127,7 @@ _ROW_TABLES = (
     "nonfinite_counts",
     "events",
     "origins",
+    "param_grad_norm",
 )
 
 

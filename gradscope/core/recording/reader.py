@@ -29,6 +29,7 @@ from gradscope.core.recording.format import (
     _DENSE_TABLES,
     _FLAG_LOSS_GIVEN,
     _FLAG_SKIPPED,
+    OPTIONAL_TABLES,
     _check_header,
     _connect,
     _damaged,
@@ -109,6 +110,17 @@ class RecordingReader:
                 )
             ]
             self.tree: ModuleTree | None = ModuleTree.from_rows(tree_rows) if tree_rows else None
+            # What a file written before them lacks (see format.py): then the app offers
+            # no wall-clock axis and no per-parameter norms.
+            step_columns = {row[1] for row in self._connection.execute("PRAGMA table_info(steps)")}
+            self.has_wall_time = "wall_time" in step_columns
+            tables = {
+                name
+                for (name,) in self._connection.execute(
+                    "SELECT name FROM sqlite_master WHERE type='table'"
+                )
+            }
+            self.has_parameter_norms = all(t in tables for t in OPTIONAL_TABLES)
         except (sqlite3.DatabaseError, *_DAMAGE) as error:
             self._connection.close()
             raise _damaged(self.path, error) from None
@@ -125,6 +137,9 @@ class RecordingReader:
         self._layer_types: list[str] = []
         self._layer_params: list[int] = []
         self._sets: dict[int, np.ndarray] = {}
+        self._param_names: list[str] = []
+        self._param_layers: list[str] = []
+        self._param_sets: dict[int, np.ndarray] = {}
 
     @property
     def source(self) -> str:
@@ -246,6 +261,22 @@ class RecordingReader:
             if len(stored) and not (0 <= stored.min() and stored.max() < len(self._layer_names)):
                 raise StoredValueError("a layer set names layers the recording does not have")
             self._sets[int(set_id)] = stored
+        if not self.has_parameter_norms:
+            return
+        for _position, name, layer in connection.execute(
+            "SELECT position, name, layer FROM params WHERE position >= ? ORDER BY position",
+            (len(self._param_names),),
+        ):
+            self._param_names.append(text(name, "a parameter's name"))
+            self._param_layers.append(text(layer, f"parameter {name!r}'s layer"))
+        known = max(self._param_sets, default=-1)
+        for set_id, positions in connection.execute(
+            "SELECT id, positions FROM param_sets WHERE id > ? ORDER BY id", (known,)
+        ):
+            stored = np.frombuffer(blob(positions, "a parameter set's positions"), dtype=np.int32)
+            if len(stored) and not (0 <= stored.min() and stored.max() < len(self._param_names)):
+                raise StoredValueError("a parameter set names parameters the file does not have")
+            self._param_sets[int(set_id)] = stored
 
     def _read_block(self, history: RunHistory, stride: int, window: tuple[int, int] | None) -> int:
         """Append rows to ``history``: those after the last read (``window`` None: follow
@@ -274,8 +305,10 @@ class RecordingReader:
         else:
             selection = (span, (first_row, stop_row))
         scale_column = "loss_scale" if self.format_version >= 2 else "NULL"
+        wall_column = "wall_time" if self.has_wall_time else "NULL"
         step_rows = connection.execute(
-            f"SELECT row, step, layer_set, loss, total_grad_norm, flags, {scale_column} "
+            f"SELECT row, step, layer_set, loss, total_grad_norm, flags, {scale_column}, "
+            f"{wall_column} "
             f"FROM steps WHERE {selection[0]} ORDER BY row",
             selection[1],
         ).fetchall()
@@ -319,6 +352,7 @@ class RecordingReader:
         history.total_grad_norm[start:end] = totals
         history.skipped[start:end] = (flags & _FLAG_SKIPPED) != 0
         history.loss_scale[start:end] = [r[6] or 0.0 for r in step_rows]
+        history.wall_time[start:end] = [np.nan if r[7] is None else r[7] for r in step_rows]
 
         groups = {
             int(s): (np.flatnonzero(set_ids == s), columns[self._sets[int(s)]])
@@ -392,6 +426,9 @@ class RecordingReader:
             flat = np.frombuffer(b"".join(blob(b, what) for _, b in sparse), dtype=np.float32)
             scatter(ratios, flat, None if len(which) == n else which)
 
+        if self.has_parameter_norms:
+            self._read_parameter_norms(history, rows, start, where, parameters)
+
         block_status = history._status[start:end][:, columns]
         if stride == 1:
             seen = np.where(block_status == STATUS_MISSING, 0, block_status).max(axis=0)
@@ -417,6 +454,45 @@ class RecordingReader:
             self._last_row = int(rows[-1])
         self._add_events(history, events, origin_data, follow)
         return n
+
+    def _read_parameter_norms(
+        self,
+        history: RunHistory,
+        rows: np.ndarray,
+        start: int,
+        where: str,
+        parameters: Sequence[Any],
+    ) -> None:
+        """Each parameter's norm at the block's rows (file rows ``rows``, history rows from
+        ``start``), in runs of rows that share a parameter set."""
+        found = self._connection.execute(
+            f"SELECT row, param_set, data FROM param_grad_norm WHERE {where} ORDER BY row",
+            parameters,
+        ).fetchall()
+        if not found:
+            return
+        norms = history.parameter_norms
+        history_rows = start + np.searchsorted(rows, [r for r, _, _ in found])
+        run_start = 0
+        for i in range(1, len(found) + 1):
+            if i < len(found) and found[i][1] == found[run_start][1]:
+                continue
+            positions = self._param_sets[int(found[run_start][1])]
+            names = [self._param_names[p] for p in positions.tolist()]
+            layers = [self._param_layers[p] for p in positions.tolist()]
+            columns = norms.ensure(names, layers)
+            what = "a step's parameter norms"
+            flat = np.frombuffer(
+                b"".join(blob(b, what) for _, _, b in found[run_start:i]), dtype=np.float32
+            )
+            if len(flat) != (i - run_start) * len(names):
+                raise ValueError("stored parameter norms do not match their parameters")
+            norms.add(
+                history_rows[run_start:i].astype(np.int64),
+                columns,
+                flat.reshape(i - run_start, len(names)),
+            )
+            run_start = i
 
     def _follow_rewinds(self, history: RunHistory) -> None:
         """The writer rewound (and deleted rows this history may hold): rewind too."""

@@ -39,6 +39,7 @@ from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import STATUS_FROZEN, STATUS_OK, LayerInfo, Origin, StepStats
 from gradscope.core.history import (
     _to_float32,
+    owner_layers,
     statistic_rows,
     status_onsets,
 )
@@ -56,6 +57,7 @@ from gradscope.core.recording.format import (
     _VALUE_TABLES,
     FORMAT_NAME,
     FORMAT_VERSION,
+    OPTIONAL_TABLES,
     ORIGIN_WAIT_SECONDS,
     _check_header,
     _connect,
@@ -90,7 +92,12 @@ class _Batch:
     def __init__(self) -> None:
         self.layers: list[tuple[int, str, str, int]] = []
         self.layer_sets: list[tuple[int, bytes]] = []
-        self.steps: list[tuple[int, int, int, float | None, float, int, float | None]] = []
+        self.steps: list[
+            tuple[int, int, int, float | None, float, int, float | None, float | None]
+        ] = []
+        self.params: list[tuple[int, str, str]] = []
+        self.param_sets: list[tuple[int, bytes]] = []
+        self.param_norms: list[tuple[int, int, bytes]] = []
         self.values: dict[str, list[tuple[int, bytes]]] = {
             name: [] for name in (*_VALUE_TABLES, "status")
         }
@@ -150,6 +157,9 @@ class RecordingWriter:
         self._last_layers: Sequence[LayerInfo] | None = None
         self._last_set: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int32))
         self._positions: dict[str, int] = {}
+        self._param_positions: dict[str, int] = {}
+        self._param_set_ids: dict[tuple[str, ...], tuple[int, int]] = {}
+        self._last_param_set: tuple[Sequence[LayerInfo] | None, tuple[int, int]] = (None, (-1, 0))
         self._previous_status = np.zeros(0, dtype=np.uint8)
         self._worst = np.zeros(0, dtype=np.uint8)
         self.thread_seconds = 0.0  # CPU time the writer thread spent (for the benchmark)
@@ -197,7 +207,7 @@ class RecordingWriter:
                             f"{path} already exists; choose a new file name or pass "
                             "overwrite=True to replace it"
                         )
-                    for table in _TABLES:
+                    for table in (*_TABLES, *OPTIONAL_TABLES):
                         connection.execute(f"DROP TABLE IF EXISTS {table}")
                 # (not executescript: it would commit the transaction first)
                 for statement in _SCHEMA.split(";"):
@@ -475,6 +485,35 @@ class RecordingWriter:
         self._last_layers, self._last_set = layers, found
         return found
 
+    def _param_set(self, batch: _Batch, layers: Sequence[LayerInfo]) -> tuple[int, int]:
+        """The id and size of the parameter set of ``layers``: their parameters in the
+        watch's order (``GradientWatch.param_names``: each once, in the order the layers
+        first list it), added to the file when new."""
+        if layers is self._last_param_set[0]:
+            return self._last_param_set[1]
+        seen: dict[str, None] = {}
+        for layer in layers:
+            seen.update(dict.fromkeys(layer.param_names))
+        names = tuple(seen)
+        found = self._param_set_ids.get(names)
+        if found is None:
+            owners = owner_layers(
+                names, [la.param_names for la in layers], [la.name for la in layers]
+            )
+            for name, owner in zip(names, owners, strict=True):
+                if name not in self._param_positions:
+                    position = len(self._param_positions)
+                    self._param_positions[name] = position
+                    batch.params.append((position, name, owner))
+            positions = np.fromiter(
+                (self._param_positions[n] for n in names), dtype=np.int32, count=len(names)
+            )
+            found = (len(self._param_set_ids), len(names))
+            self._param_set_ids[names] = found
+            batch.param_sets.append((found[0], positions.tobytes()))
+        self._last_param_set = (layers, found)
+        return found
+
     def _pack(
         self,
         batch: _Batch,
@@ -516,8 +555,20 @@ class RecordingWriter:
             flags |= _FLAG_SCALE_COLLAPSED
         # SQLite stores a NaN REAL as NULL; the flags tell a NaN loss from no loss.
         batch.steps.append(
-            (row, step, set_id, loss, float(stats.total_grad_norm), flags, stats.loss_scale)
+            (
+                row,
+                step,
+                set_id,
+                loss,
+                float(stats.total_grad_norm),
+                flags,
+                stats.loss_scale,
+                stats.wall_time,
+            )
         )
+        param_set, param_count = self._param_set(batch, layers)
+        if stats.param_grad_norm is not None and len(stats.param_grad_norm) == param_count:
+            batch.param_norms.append((row, param_set, _to_float32(stats.param_grad_norm).tobytes()))
         values = batch.values
         packed = statistic_rows(stats)
         values["grad_norm"].append((row, packed[0].tobytes()))
@@ -643,12 +694,25 @@ class RecordingWriter:
                 connection.executemany(
                     "INSERT INTO layer_sets(id, positions) VALUES (?,?)", batch.layer_sets
                 )
+            if batch.params:
+                connection.executemany(
+                    "INSERT INTO params(position, name, layer) VALUES (?,?,?)", batch.params
+                )
+            if batch.param_sets:
+                connection.executemany(
+                    "INSERT INTO param_sets(id, positions) VALUES (?,?)", batch.param_sets
+                )
             if batch.steps:
                 connection.executemany(
                     "INSERT INTO steps(row, step, layer_set, loss, total_grad_norm, flags, "
-                    "loss_scale) VALUES (?,?,?,?,?,?,?)",
+                    "loss_scale, wall_time) VALUES (?,?,?,?,?,?,?,?)",
                     batch.steps,
                 )
+                if batch.param_norms:
+                    connection.executemany(
+                        "INSERT INTO param_grad_norm(row, param_set, data) VALUES (?,?,?)",
+                        batch.param_norms,
+                    )
                 for table, rows in batch.values.items():
                     if rows:
                         connection.executemany(f"INSERT INTO {table}(row, data) VALUES (?,?)", rows)

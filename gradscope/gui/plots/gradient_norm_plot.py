@@ -3,21 +3,22 @@ markers pinned to the top edge and exact zeros to the bottom edge."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPoint, QPointF, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
 
-from gradscope.core.history import RunHistory
+from gradscope.core.history import ParameterNorms, RunHistory
 from gradscope.gui.mixed_precision import (
     SKIPPED_WORDS,
     SkippedMarkers,
 )
 from gradscope.gui.peak_raster import PeakRasterItem
-from gradscope.gui.plot_axes import elide
+from gradscope.gui.plot_axes import elapsed_text, elide
 from gradscope.gui.plots.display_values import ema_display, log10_display
 from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.peak_cache import PeakLevels
@@ -25,6 +26,7 @@ from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import DOTS_UP_TO, LEFT_AXIS_WIDTH, make_plot_widget
 from gradscope.gui.plots.statistic_choice import (
     DETAIL_ONLY,
+    PER_PARAMETER,
     STATISTIC_LABELS,
     STATISTIC_TITLES,
     StatisticSelector,
@@ -62,7 +64,7 @@ class GradientNormPlot(QWidget):
         self.item = self.widget.getPlotItem()
         self.item.setLabel("left", "‖grad‖")
         self.item.setLabel("bottom", "step")
-        self.statistic_selector = StatisticSelector(self.widget)
+        self.statistic_selector = StatisticSelector(self.widget, per_parameter=True)
         self.statistic_selector.statistic_chosen.connect(self._on_statistic_selector_chosen)
         self.item.vb.context_menu_at = self._request_layer_menu
         self.linear = False
@@ -99,12 +101,21 @@ class GradientNormPlot(QWidget):
         self.compared_curves: dict[tuple[str, str], pg.PlotDataItem] = {}
         self._compared_state: dict[tuple[str, str], tuple] = {}
         self.missing_in_compared: dict[str, list[str]] = {}  # run name -> ticked layers
-        self.cache = LogNormCache()
+        # The layers' values (shared with the heatmap, which reads its resets) and, while
+        # the selector shows per-parameter norms, the parameters'.
+        self.layer_cache = LogNormCache()
+        self.parameter_cache = LogNormCache()
+        self.per_parameter = False
+        self._show_title()
+        self._owner: dict[str, str] = {}  # parameter -> its layer, per parameter
+        # Steps drawn at their wall-clock time (seconds since the run's first step).
+        self.wall_clock = False
+        self._x = np.zeros(0)
         # With smoothing: each layer's raw values, drawn faint behind its smoothed curve.
         self.smoothing = 0.0
         self.raw_curves: dict[str, pg.PlotDataItem] = {}
         self._peaks = PeakLevels()
-        self._history: RunHistory | None = None
+        self._history: RunHistory | ParameterNorms | None = None
         self._columns = np.zeros(0, dtype=np.intp)  # history columns of the ticked layers
         self._names: list[str] = []  # layer name of each history column
         self._colors: dict[str, QColor] = {}
@@ -153,32 +164,108 @@ class GradientNormPlot(QWidget):
         self.hover_text = ""
         self.item.vb.sigRangeChanged.connect(self._on_view_range_changed)
         self.item.vb.sigResized.connect(self._on_view_range_changed)
+        self.widget.viewport().installEventFilter(self)
         scene = self.widget.scene()
         scene.sigMouseMoved.connect(self._on_scene_mouse_moved)
         scene.sigMouseClicked.connect(self._on_scene_mouse_clicked)
 
     @property
+    def cache(self) -> LogNormCache:
+        return self.parameter_cache if self.per_parameter else self.layer_cache
+
+    @property
     def statistic(self) -> str:
-        return self.cache.statistic
+        return PER_PARAMETER if self.per_parameter else self.cache.statistic
+
+    @property
+    def _value_statistic(self) -> str:
+        """The statistic read from the history drawn (a parameter's norm is its only one)."""
+        return "grad_norm" if self.per_parameter else self.cache.statistic
 
     def _request_layer_menu(self, scene_pos: QPointF, screen_pos: QPoint) -> bool:
         """A right-click on a curve asks for that layer's menu; elsewhere, pyqtgraph's."""
         found = self.nearest(scene_pos)
         if found is None or found[0] not in self._visible:
             return False
-        self.layer_menu_requested.emit(found[0], screen_pos)
+        self.layer_menu_requested.emit(self._owner.get(found[0], found[0]), screen_pos)
         return True
 
     def _on_statistic_selector_chosen(self, statistic: str) -> None:
-        self.cache.set_statistic(statistic)
+        per_parameter = statistic == PER_PARAMETER
+        if per_parameter != self.per_parameter:
+            self.clear()  # other curves: the parameters' or the layers'
+            self.per_parameter = per_parameter
+        if not per_parameter:
+            self._owner = {}
+            self.layer_cache.set_statistic(statistic)
         self._curve_state.clear()
         self._group_key = self._edge_key = None
         self.item.setLabel("left", STATISTIC_LABELS[statistic])
-        self.widget.setTitle(f"{STATISTIC_TITLES[statistic]} per layer", size="10pt")
+        self._show_title()
         self.statistic_changed.emit(statistic)
+
+    def _show_title(self, note: str = "") -> None:
+        title = STATISTIC_TITLES[self.statistic]
+        title += "" if self.per_parameter else " per layer"
+        # Right-aligned: the statistic and scale boxes lie over the top-left corner (a centred
+        # title read "radient norm per layer" at 1280x800).
+        self.widget.setTitle(title + note, size="10pt", justify="right")
+
+    def set_wall_clock(self, wall_clock: bool) -> None:
+        """Draw the steps at their wall-clock time (seconds since the run's first step, h:mm:ss
+        ticks) instead of their number."""
+        if wall_clock == self.wall_clock:
+            return
+        self.wall_clock = wall_clock
+        for cache in (self.layer_cache, self.parameter_cache):
+            cache.set_wall_clock(wall_clock)
+        self._curve_state.clear()
+        self._compared_state.clear()
+        self._group_key = self._edge_key = None
+        self.item.getAxis("bottom").set_time_ticks(wall_clock)
+        self.item.setLabel("bottom", "time since the first step" if wall_clock else "step")
+
+    def x_of_step(self, step: int) -> float:
+        """Where step ``step`` is drawn on the x axis."""
+        if not self.wall_clock or not len(self._steps):
+            return float(step)
+        row = min(int(np.searchsorted(self._steps, step)), len(self._steps) - 1)
+        return float(self._x[row])
+
+    def _parameter_view(self, view: PlotView) -> PlotView:
+        """``view`` with each ticked layer's parameters in its place: their names, the
+        layer's colour (lighter for each further parameter of the layer)."""
+        norms = view.history.parameter_norms
+        self._owner = dict(zip(norms.layer_names, norms.owner, strict=True))
+        order = norms.params_of(view.order)
+        visible = set(norms.params_of([n for n in view.order if n in view.visible]))
+        colors: dict[str, QColor] = {}
+        index_in_layer: dict[str, int] = {}
+        for name in order:
+            layer = self._owner[name]
+            k = index_in_layer[layer] = index_in_layer.get(layer, -1) + 1
+            color = QColor(view.colors.get(layer, QColor("#1f77b4")))
+            colors[name] = color.lighter(100 + 45 * k) if k else color
+        compared = tuple(
+            dataclasses.replace(run, history=run.history.parameter_norms) for run in view.compared
+        )
+        self._show_title(
+            " (none stored in this recording)" if view.history.count and not norms.count else ""
+        )
+        return dataclasses.replace(
+            view,
+            history=norms,
+            order=order,
+            visible=visible,
+            colors=colors,
+            selected_layer=None,
+            compared=compared,
+        )
 
     # -- drawing -------------------------------------------------------------------------
     def refresh(self, view: PlotView) -> None:
+        if self.per_parameter:
+            view = self._parameter_view(view)
         history = view.history
         self._history = history
         self._colors = view.colors
@@ -186,6 +273,7 @@ class GradientNormPlot(QWidget):
         cache.update(history)
         rows = cache.rows
         self._steps = cache.steps[:rows]
+        self._x = cache.x[:rows]
         self._names = list(history.layer_names)
         visible = [name for name in view.order if name in view.visible and history.has_layer(name)]
         self._columns = np.fromiter(
@@ -217,7 +305,7 @@ class GradientNormPlot(QWidget):
             if raw.isVisible() and not (self.curves[name].isVisible() and self.smoothing > 0):
                 raw.setVisible(False)
         self._update_edges()
-        self.skipped.refresh(history)
+        self.skipped.refresh(history, x=self._x)
         self._update_compared(view, visible)
         self._update_legend(visible)
         self.show_selection(view.selected_layer, view.selected_step)
@@ -289,9 +377,7 @@ class GradientNormPlot(QWidget):
                 self.item.addItem(raw)
             faint = QColor(self._colors.get(name, QColor("#1f77b4")))
             faint.setAlpha(RAW_ALPHA)
-            raw.setData(
-                self._steps, self._y(logged), connect="finite", pen=pg.mkPen(faint, width=1)
-            )
+            raw.setData(self._x, self._y(logged), connect="finite", pen=pg.mkPen(faint, width=1))
             raw.setVisible(True)
             logged = ema_display(logged, self.smoothing)
         elif raw is not None:
@@ -303,7 +389,7 @@ class GradientNormPlot(QWidget):
         )
         color = self._colors.get(name, QColor("#1f77b4"))
         curve.setData(
-            self._steps,
+            self._x,
             self._y(logged),
             connect="finite",
             symbol="o" if few else None,
@@ -364,7 +450,7 @@ class GradientNormPlot(QWidget):
         rows = cache.rows
         vb = self.item.vb
         (x0, x1), _ = vb.viewRange()
-        steps = cache.steps[:rows]
+        steps = cache.x[:rows]  # where each step is drawn
         first = max(0, int(np.searchsorted(steps, x0, side="left")) - 1)
         last = min(rows, int(np.searchsorted(steps, x1, side="right")) + 1)
         per_block = PeakLevels.block_size((last - first) / max(vb.width(), 1.0))
@@ -445,13 +531,15 @@ class GradientNormPlot(QWidget):
         columns = cache.edge_columns[keep]
         values = cache.edge_values[keep]
         steps = cache.steps[rows]
+        positions = cache.x[rows]
         # Markers of several layers at one step and edge sit on the same spot: keep one per
         # step and kind (NaN, Inf, zero), so a long run of zeros in hundreds of layers stays
         # a few thousand points, not millions.
         kind = np.where(np.isnan(values), 2, (values != 0).astype(np.int64))
-        _, first = np.unique(steps.astype(np.int64) * 3 + kind, return_index=True)
+        _, first = np.unique(rows.astype(np.int64) * 3 + kind, return_index=True)
         first.sort()
         columns, steps, values = columns[first], steps[first], values[first]
+        positions = positions[first]
         top = values != 0
         nan = np.isnan(values)
         symbols = np.where(nan, "x", np.where(top, "t1", "t")).tolist()
@@ -465,7 +553,7 @@ class GradientNormPlot(QWidget):
             (names[c], int(s), float(v))
             for c, s, v in zip(columns.tolist(), steps.tolist(), values.tolist(), strict=True)
         ]
-        self._edges = (steps, top, symbols, brushes, pens, data)
+        self._edges = (positions, top, symbols, brushes, pens, data)
         self._edge_points = data
 
     def _update_compared(self, view: PlotView, visible: list[str]) -> None:
@@ -491,14 +579,21 @@ class GradientNormPlot(QWidget):
                     self.statistic,
                     run.line_style,
                     self.linear,
+                    self.wall_clock,
                 )
                 if self._compared_state.get(key) != state:
                     self._compared_state[key] = state
                     color = self._colors.get(name, QColor("#1f77b4"))
-                    values = self._y(log10_display(run.history.series(self.statistic, name)))
+                    series = run.history.series(self._value_statistic, name)
+                    values = self._y(log10_display(series))
                     points = self.statistic in DETAIL_ONLY or run.history.count <= DOTS_UP_TO
+                    x = (
+                        run.history.elapsed_seconds()
+                        if self.wall_clock
+                        else run.history.steps.astype(np.float64)
+                    )
                     curve.setData(
-                        run.history.steps.astype(np.float64),
+                        x,
                         values,
                         connect="finite",
                         pen=pg.mkPen(color, width=1.4, style=run.line_style),
@@ -575,7 +670,7 @@ class GradientNormPlot(QWidget):
                     self._curve_state.pop(name, None)
         self.step_line.setVisible(step is not None)
         if step is not None:
-            self.step_line.setValue(step)
+            self.step_line.setValue(self.x_of_step(step))
 
     def _place_markers(self, *_: object) -> None:
         if not self._edge_points or self._edges is None:
@@ -603,8 +698,8 @@ class GradientNormPlot(QWidget):
             distance = math.hypot(dx, dy)
             if distance <= _HOVER_PIXELS and (best is None or distance < best[0]):
                 best = (distance, spot.data())
-        row = int(np.argmin(np.abs(self._steps - point.x())))
-        dx = (self._steps[row] - point.x()) / pixel_width
+        row = int(np.argmin(np.abs(self._x - point.x())))
+        dx = (self._x[row] - point.x()) / pixel_width
         if abs(dx) <= _HOVER_PIXELS * 3 and len(self._columns) and self._history is not None:
             ys = self._y(self.cache.values[self._columns, row].astype(np.float64))
             distances = np.hypot(dx, (ys - point.y()) / pixel_height)
@@ -613,7 +708,7 @@ class GradientNormPlot(QWidget):
             distance = float(distances[i])
             if distance <= _HOVER_PIXELS * 1.5 and (best is None or distance < best[0]):
                 column = int(self._columns[i])
-                value = float(self._history.matrix(self.statistic)[row, column])
+                value = float(self._history.matrix(self._value_statistic)[row, column])
                 best = (distance, (self._names[column], int(self._steps[row]), value))
         return best[1] if best else None
 
@@ -646,6 +741,14 @@ class GradientNormPlot(QWidget):
         super().leaveEvent(event)
         self.hide_hover()
 
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        # The mouse left the plot's drawing area, say onto the statistic or scale box over
+        # its corner (children of the plot: this widget's own leaveEvent does not come, and
+        # the label stayed over the open box's list).
+        if event.type() == QEvent.Type.Leave:
+            self.hide_hover()
+        return False
+
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
         found = self.nearest(scene_pos)
         if found is None:
@@ -654,7 +757,11 @@ class GradientNormPlot(QWidget):
             return
         name, step, value = found
         label = STATISTIC_LABELS[self.statistic]
-        self.hover_text = f"{name or '(model)'}\nstep {step}\n{label} = {format_value(value)}"
+        when = f"step {step}"
+        if self.wall_clock and len(self._steps):
+            row = min(int(np.searchsorted(self._steps, step)), len(self._steps) - 1)
+            when += f" · {elapsed_text(float(self._x[row]))} after the first step"
+        self.hover_text = f"{name or '(model)'}\n{when}\n{label} = {format_value(value)}"
         self.hover.setText(self.hover_text)
         # On the side of the cursor where the label has room: below it in the upper part
         # of the plot, left of it in the right part (it was clipped at the top and right).
@@ -673,8 +780,9 @@ class GradientNormPlot(QWidget):
             return
         found = self.nearest(scene_pos)
         if found is not None:
-            self.selection_made.emit(Selection(found[0], found[1]))
+            # A parameter's curve selects its layer (the tree and the other plots show layers).
+            self.selection_made.emit(Selection(self._owner.get(found[0], found[0]), found[1]))
         elif len(self._steps):
             x = self.item.vb.mapSceneToView(scene_pos).x()
-            row = int(np.argmin(np.abs(self._steps - x)))
+            row = int(np.argmin(np.abs(self._x - x)))
             self.selection_made.emit(Selection(None, int(self._steps[row])))

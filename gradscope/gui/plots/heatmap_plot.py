@@ -94,6 +94,7 @@ class HeatmapPlot(QWidget):
         self._matrix = np.zeros((0, 0), dtype=np.float32)
         self.steps_per_column = 1
         self._steps = np.zeros(0)
+        self._steps_per_row = 1.0
         self.levels = (0.0, 1.0)
         self.rgba = np.zeros((0, 0, 4), dtype=np.uint8)
         self.statistic = "grad_norm"
@@ -186,7 +187,11 @@ class HeatmapPlot(QWidget):
         self.rgba = self._rgba[:rows]
         self.image.setImage(self.rgba, autoLevels=False)
         first_step = self._steps[0]
-        width = rows * per_row
+        # Steps per history row: 1, except in a decimated recording (every k-th step and
+        # the steps with events), whose image spans its steps, not its row count (it was
+        # drawn over the first 3,295 steps of 6,000).
+        self._steps_per_row = (self._steps[-1] - first_step + 1) / count
+        width = rows * per_row * self._steps_per_row
         self.image.setRect(QRectF(first_step - 0.5, -0.5, max(width, 1), len(order)))
         self.colorbar.setLevels((low, high))
         skipped = bool(history.skipped[:count].any())
@@ -208,7 +213,7 @@ class HeatmapPlot(QWidget):
         if not self.item.vb.sceneBoundingRect().contains(scene_pos) or not len(self._steps):
             return None
         point = self.item.vb.mapSceneToView(scene_pos)
-        row = round(point.x() - self._steps[0])
+        row = math.floor((point.x() - self._steps[0] + 0.5) / self._steps_per_row)
         column = round(point.y())
         if not (0 <= row < len(self._steps) and 0 <= column < len(self._order)):
             return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradscope.core.history import RunHistory
+from gradscope.core.history import ParameterNorms, RunHistory
 from gradscope.gui.mixed_precision import (
     skipped_rows,
 )
@@ -20,11 +20,15 @@ class LogNormCache:
 
     def __init__(self, statistic: str = "grad_norm") -> None:
         self.statistic = statistic  # which of the history's per-layer statistics
-        self.history: RunHistory | None = None
+        self.history: RunHistory | ParameterNorms | None = None
         self.rows = 0
         self.columns = 0
         self.values = np.zeros((0, 0), dtype=np.float32)  # columns x step capacity
         self.steps = np.zeros(0)
+        # Where each step is drawn: its number, or with ``wall_clock`` the seconds since
+        # the run's first step.
+        self.wall_clock = False
+        self.x = np.zeros(0)
         self.edge_rows = np.zeros(0, dtype=np.intp)
         self.edge_columns = np.zeros(0, dtype=np.intp)
         self.edge_values = np.zeros(0)
@@ -32,7 +36,7 @@ class LogNormCache:
         self.resets = 0  # changes when earlier rows were replaced
         self._last: tuple[np.ndarray, int] | None = None
 
-    def _still_valid(self, history: RunHistory, matrix: np.ndarray) -> bool:
+    def _still_valid(self, history: RunHistory | ParameterNorms, matrix: np.ndarray) -> bool:
         if history is not self.history or len(matrix) < self.rows:
             return False
         if not self.rows or self._last is None:
@@ -48,7 +52,13 @@ class LogNormCache:
             self.statistic = statistic
             self.history = None
 
-    def update(self, history: RunHistory) -> bool:
+    def set_wall_clock(self, wall_clock: bool) -> None:
+        """Draw steps at their wall-clock time from the next update on (read afresh)."""
+        if wall_clock != self.wall_clock:
+            self.wall_clock = wall_clock
+            self.history = None
+
+    def update(self, history: RunHistory | ParameterNorms) -> bool:
         """Take the steps added since the last call; True when anything changed."""
         matrix = history.matrix(self.statistic)
         count, columns = matrix.shape
@@ -74,11 +84,18 @@ class LogNormCache:
             steps = np.zeros(grown.shape[1])
             steps[: self.rows] = self.steps[: self.rows]
             self.steps = steps
+            x = np.zeros(grown.shape[1])
+            x[: self.rows] = self.x[: self.rows]
+            self.x = x
         # Columns added later hold MISSING in earlier rows, i.e. NaN here (the buffer's fill).
         self.values[self.columns : columns, : self.rows] = np.nan
         new = matrix[self.rows : count]
         self.values[:columns, self.rows : count] = log10_display(new).T
         self.steps[self.rows : count] = history.steps[self.rows : count]
+        if self.wall_clock:
+            self.x[self.rows : count] = history.elapsed_seconds()[self.rows : count]
+        else:
+            self.x[self.rows : count] = self.steps[self.rows : count]
         # An overflow on a step the loss scaler skipped is expected: no NaN/Inf marker (the
         # skipped step has its own).
         skipped = skipped_rows(history, self.rows, count)[:, None]

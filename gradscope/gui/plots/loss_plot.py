@@ -68,6 +68,8 @@ class LossPlot(QWidget):
         self.item.vb.sigRangeChanged.connect(self._place_markers)
         self.widget.scene().sigMouseClicked.connect(self._on_scene_mouse_clicked)
         self._steps = np.zeros(0)
+        self._x = np.zeros(0)  # where each step is drawn (its number, or its time)
+        self.wall_clock = False
         self.compared_curves: dict[str, pg.PlotDataItem] = {}  # run name -> its loss
         # The value axis: auto (log when the loss spans orders of magnitude), log, linear.
         self.scale_choice = QComboBox(self.widget)
@@ -86,9 +88,21 @@ class LossPlot(QWidget):
             self.item.enableAutoRange(axis="y")
             self.refresh(self._last_view)
 
+    def set_wall_clock(self, wall_clock: bool) -> None:
+        """Steps at their wall-clock time (seconds since the run's first step)."""
+        self.wall_clock = wall_clock
+        self.item.getAxis("bottom").set_time_ticks(wall_clock)
+        self.item.setLabel("bottom", "time since the first step" if wall_clock else "step")
+
+    def _x_of(self, history) -> np.ndarray:
+        if self.wall_clock:
+            return history.elapsed_seconds()
+        return history.steps.astype(np.float64)
+
     def refresh(self, view: PlotView) -> None:
         self._last_view = view
         steps = view.history.steps.astype(np.float64)
+        x = self._x_of(view.history)
         loss = view.history.losses
         finite = np.isfinite(loss)
         # Log scale only when the loss spans orders of magnitude (a narrow range would get
@@ -107,12 +121,12 @@ class LossPlot(QWidget):
         y = log10_display(loss) if use_log else np.where(finite, loss, np.nan)
         self.raw_curve.setVisible(self.smoothing > 0)
         if self.smoothing > 0:
-            self.raw_curve.setData(steps, y, connect="finite")
+            self.raw_curve.setData(x, y, connect="finite")
             y = ema_display(y, self.smoothing)
         # Dots while there are few steps: a single step has no line to draw.
         few = len(steps) <= DOTS_UP_TO and bool(np.isfinite(y).any())
         self.curve.setData(
-            steps,
+            x,
             y,
             connect="finite",
             symbol="o" if few else None,
@@ -121,12 +135,13 @@ class LossPlot(QWidget):
             symbolPen=None,
         )
         self._steps = steps
-        self._nonfinite_steps = steps[~finite]
+        self._x = x
+        self._nonfinite_steps = x[~finite]  # where they are drawn
         self._update_compared(view.compared)
         ticked = [n for n in view.order if n in view.visible and view.history.has_layer(n)]
         self._runs = (view.run_name, view.compared, ticked)
-        self.skipped.refresh(view.history, y)
-        self.loss_scale.refresh(view.history)
+        self.skipped.refresh(view.history, y, x=x)
+        self.loss_scale.refresh(view.history, x=x)
         self._update_legend()
         self.show_selection(view.selected_step)
         self._place_markers()
@@ -144,7 +159,7 @@ class LossPlot(QWidget):
             loss = run.history.losses
             y = log10_display(loss) if self._log else np.where(np.isfinite(loss), loss, np.nan)
             curve.setData(
-                run.history.steps.astype(np.float64),
+                self._x_of(run.history),
                 y,
                 connect="finite",
                 pen=pg.mkPen("#333", width=1.2, style=run.line_style),
@@ -191,7 +206,11 @@ class LossPlot(QWidget):
     def show_selection(self, step: int | None) -> None:
         self.step_line.setVisible(step is not None)
         if step is not None:
-            self.step_line.setValue(step)
+            if self.wall_clock and len(self._steps):
+                row = min(int(np.searchsorted(self._steps, step)), len(self._steps) - 1)
+                self.step_line.setValue(float(self._x[row]))
+            else:
+                self.step_line.setValue(step)
 
     def _place_markers(self, *_: object) -> None:
         if not len(self._nonfinite_steps):
@@ -209,5 +228,5 @@ class LossPlot(QWidget):
         if not self.item.vb.sceneBoundingRect().contains(event.scenePos()):
             return
         x = self.item.vb.mapSceneToView(event.scenePos()).x()
-        row = int(np.argmin(np.abs(self._steps - x)))
+        row = int(np.argmin(np.abs(self._x - x)))
         self.selection_made.emit(Selection(None, int(self._steps[row])))

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradscope.gui.plots.compared_runs import short_run_name
 from gradscope.gui.plots.gradient_flow_plot import GradientFlowPlot
 from gradscope.gui.plots.gradient_norm_plot import GradientNormPlot
 from gradscope.gui.plots.heatmap_plot import HeatmapPlot
@@ -25,6 +26,12 @@ from gradscope.gui.plots.loss_plot import LossPlot
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import LEFT_AXIS_WIDTH
 from gradscope.gui.plots.top_layers import LAYER_CHOICES, top_layers
+
+WALL_CLOCK_TIP = (
+    "The x axis of the gradient-norm and loss plots: the step number, or the wall-clock time "
+    "since the run's first step (h:mm:ss, as TensorBoard's 'Relative'); each compared run "
+    "from its own first step. The heatmap keeps steps."
+)
 
 # The layer-name axis of the heatmap (and the gradient-norm plot's, kept as wide so that
 # their step axes line up) grows with the names, within these bounds.
@@ -98,6 +105,7 @@ class PlotPanel(QWidget):
         # Linked views turn each other's auto-range off, so the shared step axis and layer
         # rows are ranged here, until the user zooms or pans (View > Reset plot zoom).
         self.follow_range = True
+        self._wall_clock_lacking: list[str] = []
 
     def _smoothing_row(self) -> QHBoxLayout:
         """TensorBoard's smoothing slider: an exponential moving average of the gradient
@@ -127,8 +135,58 @@ class PlotPanel(QWidget):
         )
         self.layer_choice.currentIndexChanged.connect(self._on_layer_choice_changed)
         row.addWidget(self.layer_choice)
+        row.addSpacing(16)
+        # The step axis of the gradient-norm and loss plots, for every run shown: one
+        # choice for both, as their step axes are linked (the heatmap's columns are steps
+        # and stay so).
+        row.addWidget(QLabel("X axis"))
+        self.x_axis_choice = QComboBox()
+        self.x_axis_choice.addItem("Step", "step")
+        self.x_axis_choice.addItem("Wall-clock time", "wall_clock")
+        self.x_axis_choice.setItemData(1, WALL_CLOCK_TIP, Qt.ItemDataRole.ToolTipRole)
+        self.x_axis_choice.setToolTip(WALL_CLOCK_TIP)
+        self.x_axis_choice.currentIndexChanged.connect(self._on_x_axis_choice_changed)
+        row.addWidget(self.x_axis_choice)
         row.addStretch(1)
         return row
+
+    @property
+    def wall_clock(self) -> bool:
+        return self.x_axis_choice.currentData() == "wall_clock"
+
+    def _on_x_axis_choice_changed(self, _index: int) -> None:
+        wall_clock = self.wall_clock
+        self.gradient_norm.set_wall_clock(wall_clock)
+        self.loss.set_wall_clock(wall_clock)
+        # The heatmap's columns are steps: it keeps its step axis, unlinked meanwhile.
+        self.heatmap.item.setXLink(None if wall_clock else self.gradient_norm.item)
+        self._fitted.clear()
+        self.follow_range = True
+        if self._last_view is not None:
+            self.refresh(self._last_view)
+
+    def _offer_wall_clock(self, view: PlotView) -> None:
+        """Wall-clock time only where every run shown has each step's time; otherwise the
+        choice is greyed and says why (and a chosen wall-clock axis goes back to steps)."""
+        runs = [(view.run_name, view.history), *((r.name, r.history) for r in view.compared)]
+        lacking = [name for name, history in runs if history.count and not history.has_wall_time()]
+        item = self.x_axis_choice.model().item(1)
+        if item.isEnabled() == (not lacking) and self._wall_clock_lacking == lacking:
+            return
+        self._wall_clock_lacking = lacking
+        item.setEnabled(not lacking)
+        if lacking:
+            names = ", ".join(short_run_name(name or "this run") for name in lacking)
+            tip = (
+                f"Wall-clock time is not available: {names} was recorded by a GradScope "
+                "that did not stamp each step's time (record it again to get it)"
+            )
+            if self.wall_clock:
+                self.x_axis_choice.setCurrentIndex(0)
+        else:
+            tip = WALL_CLOCK_TIP
+        item.setToolTip(tip)
+        self.x_axis_choice.setToolTip(tip)
 
     def _on_layer_choice_changed(self, _index: int) -> None:
         if self._last_view is not None:
@@ -181,6 +239,7 @@ class PlotPanel(QWidget):
 
     def refresh(self, view: PlotView) -> None:
         self._last_view = view
+        self._offer_wall_clock(view)
         view = self._shown(view)
         self._show_empty_hint(view)
         if self.follow_range:
@@ -211,19 +270,31 @@ class PlotPanel(QWidget):
     def _fit_shared_axes(self, view: PlotView) -> None:
         history = view.history
         runs = [history, *(run.history for run in view.compared)]
-        if any(run.count for run in runs):
-            # Every run compared is in view, the shown one and the others.
+        wall_clock = self.wall_clock
+        if wall_clock and any(run.count for run in runs):
+            # The heatmap is on steps, apart (see _on_x_axis_choice_changed).
             first = min(float(run.steps[0]) for run in runs if run.count)
             last = max(float(run.steps[-1]) for run in runs if run.count)
-            # At least ten steps wide, so that a short run has whole-step ticks.
-            last = max(last, first + 9)
+            self._set_range(self.heatmap.item, "x", first - 0.5, max(last, first + 9) + 0.5, 0.02)
+        if any(run.count for run in runs):
+            # Every run compared is in view, the shown one and the others.
+            if wall_clock:  # seconds since each run's first step
+                first = 0.0
+                last = max(float(run.elapsed_seconds()[-1]) for run in runs if run.count)
+                last = max(last, 10.0)  # at least ten seconds wide
+            else:
+                first = min(float(run.steps[0]) for run in runs if run.count)
+                last = max(float(run.steps[-1]) for run in runs if run.count)
+                # At least ten steps wide, so that a short run has whole-step ticks.
+                last = max(last, first + 9)
             if view.live:
                 # While steps arrive the step axis grows in jumps of about an eighth of its
                 # span, not at every redraw: each change redraws three step axes and their
                 # grids. The fit is exact again when the run stops.
                 jump = round_up_to_nice((last - first) / 8)
                 last = first + math.ceil((last - first) / jump) * jump
-            self._set_range(self.gradient_norm.item, "x", first - 0.5, last + 0.5, 0.02)
+            margin = 0.0 if wall_clock else 0.5
+            self._set_range(self.gradient_norm.item, "x", first - margin, last + margin, 0.02)
         if not any(run.count for run in runs):
             # No steps: the first ten, not pyqtgraph's -0.4 to 0.4 of an empty view.
             self._set_range(self.gradient_norm.item, "x", -0.5, 9.5, 0.02)

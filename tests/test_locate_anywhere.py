@@ -503,3 +503,35 @@ def test_a_copy_of_the_watched_model_mid_step_works_and_the_watch_goes_on():
     origin = found[-1].origin
     assert origin.phase == "backward" and origin.module == "1"
     assert (origin.file, origin.line) == (__file__, _line_of("# row root marker"))
+
+
+def test_the_output_gradient_lives_one_step_and_the_users_own_stays():
+    """The gradient at the model's output is kept by autograd (``retain_grad``: no Python
+    call in the backward). A user who asks for it too, after the forward, still reads it
+    after collect(); GradScope's own goes when the next step begins, and an output the user
+    let go of takes its gradient with it (a weak reference: nothing kept alive)."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    watch = gradscope.watch(model)
+    previous = None
+    for step in range(6):
+        model.zero_grad()
+        out = model(torch.randn(5, 4))
+        if previous is not None:  # the last step's output, still held here
+            assert previous.grad is None
+        if step == 4:
+            out.retain_grad()  # the user's own, after the forward
+        loss = out.square().sum()
+        loss.backward()
+        watch.collect(loss)
+        assert out.grad is not None and torch.equal(out.grad, 2 * out.detach())
+        previous = out if step % 2 else None
+    # an output the user lets go of is not kept alive by the capture
+    gone = weakref.ref(out)
+    del out, previous, loss
+    gc.collect()
+    assert gone() is None
+    watch.close()

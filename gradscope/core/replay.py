@@ -24,6 +24,7 @@ collective and restores the weights, buffers, gradients and random generators.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,10 +72,22 @@ class ForwardCall:
     autocast: list[_Autocast]
     buffers: list[torch.Tensor]
     in_model_loss: bool = False
-    # index in float_tensors(output) -> gradient that arrived there (None until it does)
-    output_grads: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    # index in float_tensors(output) -> gradient that arrived there (None until it does),
+    # for outputs that are leaves (a tensor hook keeps theirs)
+    hooked_grads: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    # index -> the output itself, for outputs made by autograd (the common case): autograd
+    # keeps their gradient in ``.grad`` (``retain_grad``: no Python call in the backward)
+    retained: dict[int, torch.Tensor] = field(default_factory=dict)
     gradient_bytes_over: int | None = None  # the output's gradient was too large to keep
     input_bytes: int = -1  # what its top-level tensor arguments hold (-1: not counted yet)
+
+    @property
+    def output_grads(self) -> dict[int, torch.Tensor | None]:
+        """index in float_tensors(output) -> the gradient that arrived there (None: none)."""
+        found = dict(self.hooked_grads)
+        for index, tensor in self.retained.items():
+            found[index] = tensor.grad
+        return found
 
     def counted_input_bytes(self) -> int:
         if self.input_bytes < 0:
@@ -197,6 +210,8 @@ class StepReplay:
         self._host_checks_left = HOST_DRAW_CHECKS
         self._pre_handle: Any = None
         self._post_only = False
+        # the outputs whose .grad GradScope asked autograd to keep, until the next step
+        self._asked: list[weakref.ref] = []
         self.attach()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -211,6 +226,7 @@ class StepReplay:
             _handles=[],
             _pre_handle=None,
             _post_only=False,
+            _asked=[],
             failed="a copy of the watched model is not captured",
         )
         return state
@@ -239,6 +255,7 @@ class StepReplay:
         self._pre_handle = None
         self._post_only = False
         self.step_collected()
+        self._let_go_of_gradients()
 
     def _drop_pre_hook(self) -> None:
         """The forward hook alone from now on (see :meth:`attach`)."""
@@ -304,6 +321,7 @@ class StepReplay:
     def _capture(self, args: tuple, kwargs: dict) -> None:
         if self._new_step:
             self.step_collected()
+            self._let_go_of_gradients()
             self.dropped_calls = 0
             self._new_step = False
         if self._post_only:  # nothing to keep of the generators and buffers
@@ -313,7 +331,9 @@ class StepReplay:
                 host=self._host_draws is not False, torch_cpu=self._cpu_draws is not False
             )
             buffers = self._buffers.before_forward(len(self.calls))
-        call = ForwardCall(args, dict(kwargs), random_state, _autocast_now(), buffers, False, {})
+        call = ForwardCall(
+            args, dict(kwargs), random_state, _autocast_now(), buffers, False, {}, {}
+        )
         calls = self.calls
         calls.append(call)
         if len(calls) > 1:  # micro-batches: the step's inputs are bounded too
@@ -356,11 +376,17 @@ class StepReplay:
             return
         self._kept_bytes += size
         for index, tensor in outputs:
-            call.output_grads[index] = None
             if tensor.is_leaf:
+                call.hooked_grads[index] = None
                 tensor.register_hook(_tensor_keeper(call, index))
-            else:  # a node's pre-hook: cheaper than a tensor hook
-                tensor.grad_fn.register_prehook(_node_keeper(call, index, tensor.output_nr))
+                continue
+            # autograd keeps the gradient in .grad, with no Python call in the backward (a
+            # node pre-hook cost some 60 µs a step with the caches cold; a backward run
+            # twice, retain_graph, sums its parts there as well)
+            if not tensor.retains_grad:
+                tensor.retain_grad()
+                self._asked.append(weakref.ref(tensor))
+            call.retained[index] = tensor
 
     def _learn_host_draws(self, call: ForwardCall) -> None:
         """Whether the forward draws from torch's CPU generator, Python's or numpy's, from
@@ -382,6 +408,17 @@ class StepReplay:
                 or torch.cuda.is_initialized()
             ):
                 self._drop_pre_hook()
+
+    def _let_go_of_gradients(self) -> None:
+        """The gradients at the last step's outputs that GradScope asked autograd to keep
+        (``retain_grad``) go, as the next step begins: an output the user still holds
+        drops its ``.grad`` then (it lived one step, as the user's own output does), one
+        the user let go of took its gradient with it."""
+        for ref in self._asked:
+            tensor = ref()
+            if tensor is not None:
+                tensor.grad = None
+        self._asked = []
 
     def step_collected(self) -> None:
         """The step's statistics are in (and its origin, if it needed one): its calls are
@@ -502,17 +539,9 @@ class StepReplay:
 
 
 def _store(call: ForwardCall, index: int, grad: torch.Tensor) -> None:
-    kept = call.output_grads.get(index)
+    kept = call.hooked_grads.get(index)
     # a backward run twice (retain_graph) sends the gradient in parts: their sum is it
-    call.output_grads[index] = grad if kept is None else kept + grad
-
-
-def _node_keeper(call: ForwardCall, index: int, output_nr: int):
-    def keep(grad_outputs: tuple) -> None:
-        if output_nr < len(grad_outputs) and grad_outputs[output_nr] is not None:
-            _store(call, index, grad_outputs[output_nr])
-
-    return keep
+    call.hooked_grads[index] = grad if kept is None else kept + grad
 
 
 def _tensor_keeper(call: ForwardCall, index: int):

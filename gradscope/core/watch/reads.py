@@ -416,7 +416,8 @@ def _launch(
         device.scalars.append(scale.detach().reshape(()))
         device.scalar_entries.append(_SCALE)
     if loss is not None:
-        value = loss.detach().reshape(())
+        # autograd is off here: the loss itself stacks without a graph
+        value = loss if loss.ndim == 0 else loss.reshape(())
         device = devices.setdefault(loss.device, _Device())
         device.scalars.append(value.real if value.is_complex() else value)
         device.scalar_entries.append(_LOSS)
@@ -460,8 +461,11 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
     covered = 0
     targets = []
     for transfer in transfers:
-        # float32 figures widen as they are placed into the float64 arrays
         values = transfer.copy.wait()
+        if values.dtype != np.float64:
+            # widened once: every later numpy call runs on float64 (float32 loops would be
+            # one more set of cold code after a backward, tens of microseconds a call)
+            values = values.astype(np.float64)
         cursor = 0
         for entry in transfer.entries:
             kind = entry.kind

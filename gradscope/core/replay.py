@@ -238,14 +238,12 @@ class StepReplay:
         generator drawn from, no buffer written, CUDA not initialised) only the forward hook
         stays, and it takes the inputs: a hook less on every step."""
         if not self._handles:
-            self._pre_handle = self.model.register_forward_pre_hook(
-                self._before_forward, with_kwargs=True
-            )
             self._handles = [
-                self._pre_handle,
                 self.model.register_forward_hook(self._after_forward, with_kwargs=True),
             ]
-            self._post_only = False
+            self._post_only = True
+            if self._pre_hook_needed():
+                self._restore_pre_hook()
 
     def detach(self) -> None:
         """Remove the hooks (the benchmark's watch without the capture); the kept calls go."""
@@ -266,7 +264,8 @@ class StepReplay:
         self._post_only = True
 
     def _restore_pre_hook(self) -> None:
-        """CUDA was initialised after the first forwards: its generator is kept again."""
+        """The pre-hook again (while learning, or CUDA initialised after the first forwards:
+        its generator is kept again), ahead of any other: it sees the call's own arguments."""
         self._pre_handle = self.model.register_forward_pre_hook(
             self._before_forward, with_kwargs=True, prepend=True
         )
@@ -401,13 +400,20 @@ class StepReplay:
         if self._host_checks_left <= 0:
             self._host_draws = bool(self._host_draws)
             self._cpu_draws = bool(self._cpu_draws)
-            if not (
-                self._host_draws
-                or self._cpu_draws
-                or self._buffers.slots
-                or torch.cuda.is_initialized()
-            ):
+            if not self._pre_hook_needed():
                 self._drop_pre_hook()
+
+    def _pre_hook_needed(self) -> bool:
+        """Whether the pre-hook keeps anything: still learning, a forward that draws from a
+        generator or writes a buffer, or CUDA initialised (its generator is always kept)."""
+        return bool(
+            self._host_checks_left > 0
+            or self._buffers.slots is None
+            or self._host_draws
+            or self._cpu_draws
+            or self._buffers.slots
+            or torch.cuda.is_initialized()
+        )
 
     def _let_go_of_gradients(self) -> None:
         """The gradients at the last step's outputs that GradScope asked autograd to keep

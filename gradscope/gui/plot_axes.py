@@ -226,6 +226,14 @@ class GridAxis(pg.AxisItem):
     since the first step, labelled h:mm:ss."""
 
     time_ticks = False
+    # The axis's label at its start instead of its middle: the flow chart's threshold names
+    # would run under the statistic box in the chart's bottom-right corner at 1280x800.
+    label_at_start = False
+
+    def resizeEvent(self, event: object = None) -> None:
+        super().resizeEvent(event)
+        if self.label_at_start and self.orientation == "bottom":
+            self.label.setPos(4, self.label.pos().y())
 
     def set_time_ticks(self, on: bool) -> None:
         if on != self.time_ticks:

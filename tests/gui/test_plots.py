@@ -392,3 +392,23 @@ def test_flow_bars_name_nan_in_the_apps_sans_font_and_thresholds_only_under_the_
     for line in (plot.vanish_line, plot.explode_line):
         assert getattr(line, "label", None) is None
     assert "vanish" in plot.item.getAxis("bottom").labelText
+
+
+def test_the_flow_charts_threshold_names_stay_clear_of_its_statistic_box(qtbot):
+    # Seen at 1280x800 on the X display: the chart is about 285 px wide, and its centred
+    # axis label ("‖grad‖ ┊ vanish ┊ explode") ran under the statistic box in the corner.
+    from PySide6.QtCore import QRect
+
+    from gradscope.gui.plots import GradientFlowPlot
+
+    names, history, _ = _history(6, 6)
+    plot = _shown_plot(qtbot, GradientFlowPlot)
+    plot.resize(285, 300)
+    plot.refresh(_view(names, history, selected=None))
+    qtbot.wait(50)
+    label = plot.item.getAxis("bottom").label
+    scene_rect = label.mapRectToScene(label.boundingRect())
+    view_rect = plot.widget.mapFromScene(scene_rect).boundingRect()
+    box = plot.statistic_selector.geometry()
+    assert view_rect.width() > 100  # the whole label is there
+    assert not QRect(view_rect).intersects(box), (view_rect, box)

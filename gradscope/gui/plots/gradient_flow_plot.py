@@ -66,6 +66,8 @@ class GradientFlowPlot(QWidget):
         self.item = self.widget.getPlotItem()
         self.item.vb.invertY(True)
         self.item.getAxis("bottom").setLogMode(True)
+        bottom = self.item.getAxis("bottom")
+        bottom.label_at_start = True  # clear of the statistic box at the bottom right
         self.item.setLabel("bottom", _GRADIENT_AXIS_LABEL)
         self.bars = pg.BarGraphItem(x0=[], x1=[], y=[], height=0.72)
         self.item.addItem(self.bars)

@@ -54,6 +54,9 @@ HOST_DRAW_CHECKS = 3
 
 
 _any_autocast = torch._C._is_any_autocast_enabled
+_grad_enabled = torch.is_grad_enabled
+_graph_task_id = torch._C._current_graph_task_id
+_cuda_initialized = torch.cuda.is_initialized
 
 
 @dataclass
@@ -285,24 +288,64 @@ class StepReplay:
             self._give_up(error)
 
     def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if self._post_only:
-            if self._repeating or self.failed or not torch.is_grad_enabled() or not module.training:
+        if not self._post_only:  # the pre-hook took the call
+            call, self._current = self._current, None
+            if call is None:
                 return
-            if torch._C._current_graph_task_id() != -1:
-                return  # a checkpointed forward recomputed during backward
-            if torch.cuda.is_initialized():
-                self._restore_pre_hook()  # from the next forward on
             try:
-                self._capture(args, kwargs)
-                call, self._current = self._current, None
                 self._prepare_backward(call, output)
             except Exception as error:
                 self._give_up(error)
             return
-        call, self._current = self._current, None
-        if call is None:
+        # The common case once the first forwards are seen: this hook alone takes the call.
+        # It runs inside every training forward with the caches cold, where each Python
+        # call costs microseconds: the checks and the capture are inline here.
+        if (
+            self._repeating
+            or self.failed
+            or not _grad_enabled()
+            or not module.training
+            or _graph_task_id() != -1  # a checkpointed forward recomputed during backward
+        ):
             return
         try:
+            if _cuda_initialized():
+                self._restore_pre_hook()  # from the next forward on
+            if self._new_step:
+                if self._asked:
+                    self._let_go_of_gradients()
+                self.dropped_calls = 0
+                self._new_step = False
+            call = ForwardCall(
+                args,
+                dict(kwargs) if kwargs else {},
+                NO_RANDOM_STATE,  # nothing to keep of the generators and buffers
+                _autocast_now() if _any_autocast() else [],
+                [],
+                False,
+                {},
+                {},
+            )
+            calls = self.calls
+            calls.append(call)
+            if len(calls) > 1:
+                self._bound_calls()
+            if (
+                type(output) is torch.Tensor
+                and output.requires_grad
+                and not output.is_leaf
+                and output.is_floating_point()
+                and not self._kept_bytes
+            ):
+                # one tensor made by autograd, the step's first forward (the usual step)
+                size = output.nbytes
+                if size <= self.max_gradient_bytes:
+                    self._kept_bytes = size
+                    if not output.retains_grad:
+                        output.retain_grad()
+                        self._asked.append(weakref.ref(output))
+                    call.retained[0] = output
+                    return
             self._prepare_backward(call, output)
         except Exception as error:
             self._give_up(error)
@@ -318,31 +361,34 @@ class StepReplay:
         )
 
     def _capture(self, args: tuple, kwargs: dict) -> None:
+        """The pre-hook's capture (while learning, or when the forward draws from a
+        generator or writes a buffer): the call, with the generators and buffers."""
         if self._new_step:
-            self.step_collected()
             self._let_go_of_gradients()
             self.dropped_calls = 0
             self._new_step = False
-        if self._post_only:  # nothing to keep of the generators and buffers
-            random_state, buffers = NO_RANDOM_STATE, []
-        else:
-            random_state = capture_random_state(
-                host=self._host_draws is not False, torch_cpu=self._cpu_draws is not False
-            )
-            buffers = self._buffers.before_forward(len(self.calls))
+        random_state = capture_random_state(
+            host=self._host_draws is not False, torch_cpu=self._cpu_draws is not False
+        )
+        buffers = self._buffers.before_forward(len(self.calls))
         call = ForwardCall(
             args, dict(kwargs), random_state, _autocast_now(), buffers, False, {}, {}
         )
         calls = self.calls
         calls.append(call)
-        if len(calls) > 1:  # micro-batches: the step's inputs are bounded too
-            held = sum(c.counted_input_bytes() for c in calls[:-1])
-            while len(calls) > 1 and (
-                len(calls) > MAX_CALLS_PER_STEP or held > self.max_gradient_bytes
-            ):
-                held -= calls.pop(0).counted_input_bytes()
-                self.dropped_calls += 1
+        if len(calls) > 1:
+            self._bound_calls()
         self._current = call
+
+    def _bound_calls(self) -> None:
+        """Micro-batches: the step's kept inputs are bounded too (the latest call stays)."""
+        calls = self.calls
+        held = sum(c.counted_input_bytes() for c in calls[:-1])
+        while len(calls) > 1 and (
+            len(calls) > MAX_CALLS_PER_STEP or held > self.max_gradient_bytes
+        ):
+            held -= calls.pop(0).counted_input_bytes()
+            self.dropped_calls += 1
 
     def _prepare_backward(self, call: ForwardCall, output: Any) -> None:
         if not self._post_only:  # still learning what the pre-hook keeps

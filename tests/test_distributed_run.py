@@ -295,3 +295,54 @@ def test_fsdp_shards_each_child_that_owns_parameters_then_the_root(one_rank_grou
     assert [result.applied for result in runner.run()] == [True, False]
     assert runner.halted and runner.batch_nonfinite
     runner.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_ranks_end_when_the_launcher_is_killed(tmp_path):
+    """``gradscope run`` killed outright (the out-of-memory killer, kill -9: no Ctrl+C to
+    end the ranks) leaves no rank training on for nobody, nor torchrun."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from gradscope.core.distributed import rank_stream
+    from gradscope.core.distributed.worker import launcher_gone
+
+    command = [sys.executable, "-m", "gradscope", "run", str(SCRIPT), "--nproc", "2"]
+    process = subprocess.Popen(
+        [*command, "--steps", "100000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, RANK_FAULT="none:-1:-1", TMPDIR=str(tmp_path)),
+    )
+    pids: dict[int, int] = {}
+    torchrun = None
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.2)
+            for folder in tmp_path.glob("gradscope-ranks-*"):
+                for rank in (0, 1):
+                    for kind, value in rank_stream.read_stream(
+                        rank_stream.stream_path(folder, rank)
+                    ):
+                        if kind == rank_stream.START:
+                            pids[rank] = value["pid"]
+        assert len(pids) == 2, f"the ranks did not start (launcher exit {process.poll()})"
+        stat = Path(f"/proc/{pids[0]}/stat").read_text()
+        torchrun = int(stat.rsplit(")", 1)[1].split()[1])  # the rank's parent
+        process.kill()
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        left = [*pids.values(), torchrun]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = [pid for pid in left if not launcher_gone(pid)]
+        assert not left, f"still running after the launcher was killed: {left}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for pid in [*pids.values(), torchrun]:
+            if pid and not launcher_gone(pid):
+                os.kill(pid, signal.SIGKILL)

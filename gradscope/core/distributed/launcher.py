@@ -116,6 +116,8 @@ def launch(
                     "fsdp": fsdp,
                     "step_timeout": step_timeout,
                     "folder": str(folder),
+                    # each rank ends when this process is gone (see the worker)
+                    "launcher_pid": os.getpid(),
                 }
             ),
             encoding="utf-8",

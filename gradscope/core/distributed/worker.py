@@ -7,8 +7,10 @@ the run's seed (the same weights on every rank), wraps it in DDP or shards it wi
 ``seed + r`` after the build; rank 0 keeps the stream a one-process run has) and runs the usual
 steps. Each step goes to the launcher through :mod:`.rank_stream`; the rank's own output goes
 to a file the launcher shows. SIGUSR1 dumps every thread's stack (the launcher asks for them
-when the ranks stop moving), and a backstop ends the process by itself should the launcher be
-gone.
+when the ranks stop moving), and a backstop ends the process by itself should a step hang with
+the launcher gone. A rank whose launcher is gone (killed by the out-of-memory killer or by
+hand: nobody reads its steps any more) ends within a second or so, and torchrun with it,
+instead of training on and holding its device.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -122,6 +125,7 @@ def main(argv: list[str]) -> NoReturn:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     backstop = 2 * step_timeout + 60
     faulthandler.dump_traceback_later(backstop, exit=True, file=stacks)
+    end_with_launcher(spec.get("launcher_pid"))
     stream = rank_stream.RankStreamWriter(rank_stream.stream_path(folder, rank))
     stream.write(rank_stream.START, {"rank": rank, "world_size": world, "pid": os.getpid()})
     runner: DistributedStepRunner | None = None
@@ -197,6 +201,41 @@ def main(argv: list[str]) -> NoReturn:
         leave(1)
     dist.destroy_process_group()
     leave(0)
+
+
+LAUNCHER_CHECK_S = 0.5
+
+
+def end_with_launcher(pid: int | None, every: float = LAUNCHER_CHECK_S) -> None:
+    """Watch the launcher (``gradscope run``) from a daemon thread and end this rank at once
+    when it is gone. Its steps go to a folder nobody reads then; torchrun, which started
+    the rank in a session of its own, ends when its ranks do."""
+    if not pid:
+        return
+
+    def watch() -> None:
+        while not launcher_gone(pid):
+            time.sleep(every)
+        print(f"gradscope: the launcher (pid {pid}) is gone; this rank ends", file=sys.stderr)
+        leave(1)
+
+    threading.Thread(target=watch, name="gradscope-launcher-watch", daemon=True).start()
+
+
+def launcher_gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie not yet reaped by its parent has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's: not ours, but not gone
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # no /proc (macOS): the signal said it is there
+        return False
+    return state in ("Z", "X")
 
 
 def leave(code: int) -> NoReturn:

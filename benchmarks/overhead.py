@@ -406,6 +406,19 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
         "capture_ratio_median": round(statistics.median(capture_ratios), 4),
         "capture_ratio_p25": round(_quantile(sorted(capture_ratios), 0.25), 4),
         "capture_ratio_p75": round(_quantile(sorted(capture_ratios), 0.75), 4),
+        # The same comparison over every step of the run at once (the variants interleave
+        # step by step, so drift hits both alike): the median of some 500 steps each moves
+        # less than a median of 8-step ratios, and the 10th percentiles least of all.
+        "capture_ratio_pooled": round(
+            statistics.median(every["gradscope"])
+            / statistics.median(every["gradscope_no_capture"]),
+            4,
+        ),
+        "capture_ratio_p10": round(
+            _quantile(sorted(every["gradscope"]), 0.1)
+            / _quantile(sorted(every["gradscope_no_capture"]), 0.1),
+            4,
+        ),
         "variants": {},
     }
     plain_p10 = _quantile(sorted(every["plain"]), 0.1)
@@ -871,7 +884,8 @@ def print_table(results: dict, header: str) -> None:
         print(
             f"{'':<12} capture (gradscope / gradscope_no_capture, same round): "
             f"{res['capture_ratio_median']:.4f}x median, p25-p75 "
-            f"{res['capture_ratio_p25']:.4f}-{res['capture_ratio_p75']:.4f}"
+            f"{res['capture_ratio_p25']:.4f}-{res['capture_ratio_p75']:.4f}; over every step "
+            f"{res['capture_ratio_pooled']:.4f}x (medians), {res['capture_ratio_p10']:.4f}x (p10)"
         )
         print(
             f"{'':<12} target: gradscope <= {target}x and below seed_hook: {verdict} "

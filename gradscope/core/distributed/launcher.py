@@ -510,7 +510,7 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func
 
 def _main_thread(text: str) -> list[tuple[str, int, str]]:
     """The frames (innermost first) of the thread running the rank's steps, from a
-    faulthandler dump: the one whose outermost frames are the worker's."""
+    faulthandler dump: the one inside the worker's ``main`` (not its launcher watch)."""
     threads: list[list[tuple[str, int, str]]] = []
     for line in text.splitlines():
         if _THREAD.match(line):
@@ -520,7 +520,10 @@ def _main_thread(text: str) -> list[tuple[str, int, str]]:
         if found and threads:
             threads[-1].append((found["file"], int(found["line"]), found["function"]))
     for frames in threads:
-        if any(file.endswith(os.path.join("distributed", "worker.py")) for file, _, _ in frames):
+        if any(
+            file.endswith(os.path.join("distributed", "worker.py")) and function == "main"
+            for file, _, function in frames
+        ):
             return frames
     return threads[-1] if threads else []
 

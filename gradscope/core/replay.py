@@ -11,9 +11,10 @@ model (a forward pre-hook on its root), what repeating that forward needs:
   with large constant buffers, a causal mask, copies nothing of them);
 - how the backward can be repeated: from the loss the model computes itself (an output
   with ``.loss`` or ``["loss"]``, as transformers models return), or else from the gradient
-  that arrives at the model's output, kept by a hook on that output. The kept gradients of
-  a step are bounded by ``max_gradient_bytes``: a larger output is not kept (the watch says
-  so once) and its step falls back to the statistics, naming the reason.
+  that arrives at the model's output, kept by autograd (``retain_grad``) until the next step's
+  forward (a user who asked for that gradient too reads it after ``collect()``). The kept
+  gradients of a step are bounded by ``max_gradient_bytes``: a larger output is not kept
+  (the watch says so once) and its step falls back to the statistics, naming the reason.
 
 None of it synchronises with the device. When a step goes non-finite, :meth:`StepReplay.locate`
 repeats each of the step's forward calls (micro-batches: each in turn) through

@@ -107,6 +107,47 @@ def test_forward_log_of_zero_in_a_submodule():
     assert origin.details.get("repeated") == "captured step"
 
 
+class OnlyThirdCall(LogModel):
+    """NaN on its third call only: a repeat of that step is call 4, and finite."""
+
+    def forward(self, x):
+        self.calls += 1
+        h = self.inner(x)
+        return self.head(h) if self.calls == 3 else h
+
+
+def _calls_after_the_nan_step(model):
+    watch = gradscope.watch(model)
+    origin = None
+    for _ in range(4):
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        origin = watch.collect(loss).origin
+        model.zero_grad()
+        if origin is not None:
+            break
+    watch.close()
+    return origin, model.calls
+
+
+def test_the_repeat_puts_back_python_state_it_changed():
+    """The re-run is one more call of forward: a counter the forward keeps is put back."""
+    torch.manual_seed(0)
+    origin, calls = _calls_after_the_nan_step(LogModel())
+    assert origin is not None and origin.phase == "forward"
+    assert calls == 3  # the user's three forwards; the repeat's fourth is not counted
+
+
+def test_a_repeat_that_takes_another_path_names_the_state_it_changed():
+    torch.manual_seed(0)
+    origin, calls = _calls_after_the_nan_step(OnlyThirdCall())
+    assert origin is not None and origin.phase == "unknown"
+    reason = origin.details["reason"]
+    assert "repeat of this step's forward and backward was finite" in reason
+    assert "changes Python state on the model (calls 3 -> 4; put back after the re-run)" in reason
+    assert calls == 3
+
+
 def test_backward_sqrt_of_zero_in_a_parameter_free_module():
     def batch(step):
         x = torch.randn(3, 3)

@@ -14,8 +14,9 @@ Inside a user's week-long job that re-run must never be what kills or hangs the 
 - it is bounded in time: every torch operation of the re-run checks a deadline, and the
   re-run runs in the caller's thread, so nothing of it touches the model after it returns;
 - it is invisible: the random number generators are restored (the user's next dropout mask
-  is the one it would have been), and ``locate_first_nonfinite`` restores gradients and
-  buffers.
+  is the one it would have been), ``locate_first_nonfinite`` restores gradients and
+  buffers, and the modules' plain Python attributes (numbers, flags, strings: a call
+  counter in ``forward``) are put back as they were before the re-run.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def locate_safely(
     rng = capture_random_state()
     started = time.monotonic()
     others = _OtherGradients(eager)
+    plain = _PlainState(eager)
     try:
         with running_locally(model), _Deadline(timeout), torch.enable_grad():
             with trace_step(eager, stats.step, summaries=True) as trace:
@@ -131,6 +133,7 @@ def locate_safely(
     finally:
         others.restore()
         restore_random_state(rng)
+        changed = plain.restore()
     seconds = time.monotonic() - started
     if found is None:
         if _distributed_world() > 1:
@@ -151,6 +154,12 @@ def locate_safely(
                 "exactly (the same batch, autocast, loss scaling and micro-batches); a "
                 "non-deterministic kernel can also make a NaN that does not repeat"
             )
+        if changed and _distributed_world() <= 1:
+            reason += (
+                f". The forward also changes Python state on the model ({changed}; put "
+                "back after the re-run): a forward that counts its calls or keeps state "
+                "between them can take another path when it is repeated"
+            )
         return unknown_origin(
             stats, reason, finite=True, nonfinite_layers=_nonfinite_layers(stats, layer_names)
         )
@@ -163,6 +172,45 @@ def locate_safely(
         if len(trace.events) > MAX_TRACE_EVENTS:
             found.details["trace_events_dropped"] = len(trace.events) - MAX_TRACE_EVENTS
     return found
+
+
+_PLAIN_TYPES = (int, float, bool, str, type(None))
+
+
+class _PlainState:
+    """The modules' plain Python attributes (numbers, flags, strings, None) before the
+    re-run. A forward that counts its calls (``self.calls += 1``) or keeps a flag would
+    otherwise see the re-run as one more call of the user's."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._modules = [(name, module) for name, module in model.named_modules()]
+        self._values = [
+            {k: v for k, v in vars(module).items() if type(v) in _PLAIN_TYPES}
+            for _, module in self._modules
+        ]
+
+    def restore(self) -> str:
+        """Put back what the re-run changed (and drop what it added); a short account of
+        the changes, empty when there was none."""
+        changes = []
+        for (name, module), before in zip(self._modules, self._values, strict=True):
+            now = vars(module)
+            for key, value in list(now.items()):
+                if type(value) not in _PLAIN_TYPES:
+                    continue
+                if key not in before:
+                    del now[key]
+                elif value is not before[key] and value != before[key]:
+                    now[key] = before[key]
+                else:
+                    continue
+                label = f"{name}.{key}" if name else key
+                changes.append(f"{label} {before.get(key)!r} -> {value!r}")
+            for key, value in before.items():
+                if key not in now:  # deleted by the re-run
+                    now[key] = value
+        shown = ", ".join(changes[:3])
+        return shown + (f" and {len(changes) - 3} more" if len(changes) > 3 else "")
 
 
 class _OtherGradients:

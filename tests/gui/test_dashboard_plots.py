@@ -336,6 +336,17 @@ def test_empty_plots_say_how_to_start(qtbot, window, scripts) -> None:
     window._refresh()
     hint = window.plots.empty_hint
     assert not hint.isHidden() and "Run (F5)" in hint.text()
+    # Inside the drawing area, clear of the axes and their labels (at 1280x800 the one line
+    # ran over the value axis): wrapped there, one line on a wide window.
+    plot = window.plots.gradient_norm
+    for width in (1280, 2400):
+        window.resize(width, 800)
+        qtbot.wait(50)
+        area = plot.widget.mapFromScene(plot.item.vb.sceneBoundingRect()).boundingRect()
+        assert area.contains(hint.geometry()), (width, area, hint.geometry())
+        lines = round((hint.height() - 2 * 8 - 2) / hint.fontMetrics().lineSpacing())  # padding
+        assert (lines >= 2) if width == 1280 else (lines == 1), (width, lines)
+    window.resize(1280, 800)
     (x0, x1), _ = window.plots.gradient_norm.item.vb.viewRange()
     assert x0 < 0 < 9 < x1  # the first steps, not -0.4 to 0.4
     run_and_wait(qtbot, window, window.step)

@@ -98,8 +98,11 @@ class PlotPanel(QWidget):
             "QLabel { color: #555; background: rgba(255, 255, 255, 220); padding: 8px;"
             " border: 1px solid #ccc; border-radius: 4px; font-size: 11pt; }"
         )
+        self.empty_hint.setWordWrap(True)
         self.empty_hint.hide()
         self.gradient_norm.widget.installEventFilter(self)
+        # the drawing area settles after the widget's resize: placed again then
+        self.gradient_norm.item.vb.sigResized.connect(self._on_drawing_area_resized)
         self._last_view: PlotView | None = None
         self._fitted: dict[tuple[int, str], tuple] = {}  # see _set_range
         # Linked views turn each other's auto-range off, so the shared step axis and layer
@@ -222,11 +225,27 @@ class PlotPanel(QWidget):
             self._place_empty_hint()
         return False
 
+    def _on_drawing_area_resized(self, *_: object) -> None:
+        if not self.empty_hint.isHidden():
+            self._place_empty_hint()
+
     def _place_empty_hint(self) -> None:
+        """Centred on the plot's drawing area and inside it, wrapped when the line is wider
+        (at 1280x800 it ran over the axis and its label)."""
         parent = self.gradient_norm.widget
         hint = self.empty_hint
-        hint.adjustSize()
-        hint.move((parent.width() - hint.width()) // 2, (parent.height() - hint.height()) // 2)
+        area = parent.mapFromScene(self.gradient_norm.item.vb.sceneBoundingRect()).boundingRect()
+        if area.width() < 120 or area.height() < 40:  # not laid out yet
+            area = parent.rect()
+        margins = hint.contentsMargins()
+        padding = 2 * 8 + margins.left() + margins.right()  # the style sheet's padding
+        natural = hint.fontMetrics().horizontalAdvance(hint.text()) + padding + 2
+        width = max(100, min(natural, area.width() - 16))
+        height = hint.heightForWidth(width)
+        if height <= 0:  # no text yet
+            height = hint.sizeHint().height()
+        center = area.center()
+        hint.setGeometry(center.x() - width // 2, center.y() - height // 2, width, height)
 
     def _show_empty_hint(self, view: PlotView) -> None:
         empty = not view.history.count and bool(view.empty_hint)

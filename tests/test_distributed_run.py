@@ -307,7 +307,7 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
     import sys
 
     from gradscope.core.distributed import rank_stream
-    from gradscope.core.distributed.worker import launcher_gone
+    from gradscope.core.distributed.processes import process_gone
 
     command = [sys.executable, "-m", "gradscope", "run", str(SCRIPT), "--nproc", "2"]
     process = subprocess.Popen(
@@ -338,11 +338,11 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
         left = [*pids.values(), torchrun]
         while left and time.monotonic() < deadline:
             time.sleep(0.2)
-            left = [pid for pid in left if not launcher_gone(pid)]
+            left = [pid for pid in left if not process_gone(pid)]
         assert not left, f"still running after the launcher was killed: {left}"
     finally:
         if process.poll() is None:
             process.kill()
         for pid in [*pids.values(), torchrun]:
-            if pid and not launcher_gone(pid):
+            if pid and not process_gone(pid):
                 os.kill(pid, signal.SIGKILL)

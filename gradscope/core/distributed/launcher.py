@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gradscope.core.distributed import rank_stream
+from gradscope.core.distributed.processes import process_gone
 from gradscope.core.errors import GradScopeError
 from gradscope.core.history import RunHistory
 from gradscope.core.rank_facts import RankFacts, located_origin
@@ -220,7 +221,7 @@ def _wait_for_stacks(folder: Path, pids: dict[int, int], seconds: float) -> None
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if all(
-            _size(rank_stream.stacks_path(folder, rank)) > 0 or not _alive(pid)
+            _size(rank_stream.stacks_path(folder, rank)) > 0 or process_gone(pid)
             for rank, pid in pids.items()
         ):
             time.sleep(0.2)  # the dump is written in pieces
@@ -233,16 +234,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _end_ranks(process: subprocess.Popen, folder: Path, nproc: int, number: int) -> None:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gradscope.core.distributed import rank_stream
+from gradscope.core.distributed.processes import process_gone
 from gradscope.core.errors import GradScopeError
 from gradscope.core.loading import LoadedModel
 from gradscope.core.runner import StepResult, StepRunner, _tensors_in, resolve_device
@@ -214,28 +215,12 @@ def end_with_launcher(pid: int | None, every: float = LAUNCHER_CHECK_S) -> None:
         return
 
     def watch() -> None:
-        while not launcher_gone(pid):
+        while not process_gone(pid):
             time.sleep(every)
         print(f"gradscope: the launcher (pid {pid}) is gone; this rank ends", file=sys.stderr)
         leave(1)
 
     threading.Thread(target=watch, name="gradscope-launcher-watch", daemon=True).start()
-
-
-def launcher_gone(pid: int) -> bool:
-    """Whether process ``pid`` has ended (a zombie not yet reaped by its parent has)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's: not ours, but not gone
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):  # no /proc (macOS): the signal said it is there
-        return False
-    return state in ("Z", "X")
 
 
 def leave(code: int) -> NoReturn:

@@ -141,25 +141,26 @@ def locate_safely(
                 "this rank's re-run was finite: the NaN/Inf most likely came from another "
                 "rank's batch through the gradient all-reduce (see that rank's origin)"
             )
-        elif repeated:
-            reason = (
-                "the repeat of this step's forward and backward was finite: the inputs may "
-                "have been changed in place after the forward, a non-deterministic kernel can "
-                "make a NaN that does not repeat, or the step's loss is not the model's output "
-                "(pass locate=<a function recomputing the loss> to collect())"
-            )
         else:
-            reason = (
-                "the re-run of this step was finite: locate() must rebuild this step's loss "
-                "exactly (the same batch, autocast, loss scaling and micro-batches); a "
-                "non-deterministic kernel can also make a NaN that does not repeat"
-            )
-        if changed and _distributed_world() <= 1:
-            reason += (
-                f". The forward also changes Python state on the model ({changed}; put "
-                "back after the re-run): a forward that counts its calls or keeps state "
-                "between them can take another path when it is repeated"
-            )
+            if repeated:
+                reason = (
+                    "the repeat of this step's forward and backward was finite: the inputs may "
+                    "have been changed in place after the forward, a non-deterministic kernel "
+                    "can make a NaN that does not repeat, or the step's loss is not the model's "
+                    "output (pass locate=<a function recomputing the loss> to collect())"
+                )
+            else:
+                reason = (
+                    "the re-run of this step was finite: locate() must rebuild this step's "
+                    "loss exactly (the same batch, autocast, loss scaling and micro-batches); "
+                    "a non-deterministic kernel can also make a NaN that does not repeat"
+                )
+            if changed:
+                reason += (
+                    f". The forward also changes Python state on the model ({changed}; put "
+                    "back after the re-run): a forward that counts its calls or keeps state "
+                    "between them can take another path when it is repeated"
+                )
         return unknown_origin(
             stats, reason, finite=True, nonfinite_layers=_nonfinite_layers(stats, layer_names)
         )
@@ -183,7 +184,7 @@ class _PlainState:
     otherwise see the re-run as one more call of the user's."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._modules = [(name, module) for name, module in model.named_modules()]
+        self._modules = list(model.named_modules())
         self._values = [
             {k: v for k, v in vars(module).items() if type(v) in _PLAIN_TYPES}
             for _, module in self._modules

@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, QPoint, Qt, Signal
+from PySide6.QtCore import QPoint, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -36,6 +36,8 @@ WALL_CLOCK_TIP = (
 # The layer-name axis of the heatmap (and the gradient-norm plot's, kept as wide so that
 # their step axes line up) grows with the names, within these bounds.
 _MAX_LEFT_AXIS_WIDTH = 170
+# The empty-plot hint's padding (px), in its style sheet and where it is sized.
+_HINT_PADDING = 8
 
 
 def round_up_to_nice(value: float) -> float:
@@ -95,13 +97,13 @@ class PlotPanel(QWidget):
         # Over the empty gradient-norm plot: how to get steps (it looked broken, blank).
         self.empty_hint = QLabel(self.gradient_norm.widget)
         self.empty_hint.setStyleSheet(
-            "QLabel { color: #555; background: rgba(255, 255, 255, 220); padding: 8px;"
+            "QLabel { color: #555; background: rgba(255, 255, 255, 220);"
+            f" padding: {_HINT_PADDING}px;"
             " border: 1px solid #ccc; border-radius: 4px; font-size: 11pt; }"
         )
         self.empty_hint.setWordWrap(True)
         self.empty_hint.hide()
-        self.gradient_norm.widget.installEventFilter(self)
-        # the drawing area settles after the widget's resize: placed again then
+        # placed again when the drawing area is resized (it settles after the widget's resize)
         self.gradient_norm.item.vb.sigResized.connect(self._on_drawing_area_resized)
         self._last_view: PlotView | None = None
         self._fitted: dict[tuple[int, str], tuple] = {}  # see _set_range
@@ -220,11 +222,6 @@ class PlotPanel(QWidget):
         if self._last_view is not None:
             self.refresh(self._last_view)
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.Resize:
-            self._place_empty_hint()
-        return False
-
     def _on_drawing_area_resized(self, *_: object) -> None:
         if not self.empty_hint.isHidden():
             self._place_empty_hint()
@@ -238,8 +235,8 @@ class PlotPanel(QWidget):
         if area.width() < 120 or area.height() < 40:  # not laid out yet
             area = parent.rect()
         margins = hint.contentsMargins()
-        padding = 2 * 8 + margins.left() + margins.right()  # the style sheet's padding
-        natural = hint.fontMetrics().horizontalAdvance(hint.text()) + padding + 2
+        padding = 2 * _HINT_PADDING + margins.left() + margins.right()
+        natural = hint.fontMetrics().horizontalAdvance(hint.text()) + padding + 2  # the border
         width = max(100, min(natural, area.width() - 16))
         height = hint.heightForWidth(width)
         if height <= 0:  # no text yet

@@ -497,13 +497,48 @@ def test_gradient_accumulation_repeats_each_micro_batch_in_turn():
     assert (origin.file, origin.line) == (__file__, _line_of("# row root marker"))
 
 
-def _row_root_steps(steps: int, *, copy_mid_step: bool = False):
-    """Linear then RowRoot; the last step's rows are all zero: sqrt(0) in backward."""
+def test_micro_batches_past_the_bound_are_named_and_counted_per_step():
+    """More micro-batches than the capture keeps (MAX_CALLS_PER_STEP): a NaN from a dropped
+    one is not located, and the reason says how many were not kept; the count is the step's
+    own (the next step starts again from none)."""
+    from gradscope.core.replay import MAX_CALLS_PER_STEP
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), RowRoot())
+    watch = gradscope.watch(model)
+    extra = 3
+    for step in range(3):
+        model.zero_grad()
+        micro_batches = MAX_CALLS_PER_STEP + extra if step == 1 else 2
+        for micro in range(micro_batches):
+            x = torch.randn(3, 3) + 2.0
+            if step == 1 and micro == 0:
+                x = torch.zeros(3, 3)  # zero rows in the first micro-batch, which is dropped
+                model[0].bias.data.zero_()
+            (model(x).sum() / micro_batches).backward()
+        if step == 1:
+            assert watch.replay.dropped_calls == extra
+        stats = watch.collect()
+        assert watch.replay.dropped_calls == 0
+        if step == 1:
+            found = stats
+            with torch.no_grad():
+                model[0].bias.normal_()
+    watch.close()
+    assert found.nonfinite and found.origin.op is None
+    assert f"first {extra} forward call(s) were not kept" in found.origin.details["reason"]
+
+
+def _row_root_steps(steps: int, *, copy_mid_step: bool = False, by_hooks: bool = False):
+    """Linear then RowRoot; the last step's rows are all zero: sqrt(0) in backward.
+    ``by_hooks``: module hooks take the calls instead of the model's call slot."""
     import copy
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 3), RowRoot())
     watch = gradscope.watch(model)
+    if by_hooks:
+        watch.replay._to_hooks()
     found = []
     for step in range(steps):
         model.zero_grad()
@@ -519,31 +554,124 @@ def _row_root_steps(steps: int, *, copy_mid_step: bool = False):
         loss.backward()
         stats = watch.collect(loss)
         found.append(stats)
-        if step >= 3:
-            assert not model._forward_pre_hooks and len(model._forward_hooks) == 1
+        if step >= 3:  # the first forwards showed that the forward's end alone will do
+            assert not model._forward_pre_hooks
+            if by_hooks:
+                assert len(model._forward_hooks) == 1
+            else:  # no module hook at all: the capture is in the model's call slot
+                assert not model._forward_hooks and watch.replay.mode == "call"
+                assert model.__dict__["_compiled_call_impl"] is not None
     watch.close()
-    assert not model._forward_hooks  # close() removed the one left
+    assert not model._forward_hooks  # close() removed what was left
+    assert "_compiled_call_impl" not in model.__dict__
     return found
 
 
-def test_after_the_first_forwards_one_hook_captures_and_still_locates():
-    """A forward that draws from no generator and writes no buffer needs no pre-hook: after
-    the first forwards only the forward hook stays, and a backward NaN many steps later is
-    still located at its operation and line."""
-    found = _row_root_steps(8)
+@pytest.mark.parametrize("by_hooks", [False, True], ids=["call_slot", "module_hooks"])
+def test_after_the_first_forwards_the_calls_end_captures_and_still_locates(by_hooks):
+    """A forward that draws from no generator and writes no buffer needs nothing taken
+    before it: after the first forwards only the call's end is taken (in the model's call
+    slot, or by one forward hook), and a backward NaN many steps later is still located at
+    its operation and line."""
+    found = _row_root_steps(8, by_hooks=by_hooks)
     assert not any(s.nonfinite for s in found[:-1])
     origin = found[-1].origin
     assert origin.phase == "backward" and origin.module == "1"
     assert (origin.file, origin.line) == (__file__, _line_of("# row root marker"))
 
 
-def test_a_copy_of_the_watched_model_mid_step_works_and_the_watch_goes_on():
-    """copy.deepcopy of a watched model mid-step copies the capture's hooks: on the copy
-    they do nothing, and the watch goes on locating."""
-    found = _row_root_steps(6, copy_mid_step=True)
+@pytest.mark.parametrize("by_hooks", [False, True], ids=["call_slot", "module_hooks"])
+def test_a_copy_of_the_watched_model_mid_step_works_and_the_watch_goes_on(by_hooks):
+    """copy.deepcopy of a watched model mid-step: the copy has no call slot of the capture
+    (``nn.Module.__getstate__`` leaves it out), and module hooks copied with it do nothing
+    there; the watch goes on locating."""
+    found = _row_root_steps(6, copy_mid_step=True, by_hooks=by_hooks)
     origin = found[-1].origin
     assert origin.phase == "backward" and origin.module == "1"
     assert (origin.file, origin.line) == (__file__, _line_of("# row root marker"))
+
+
+def _row_root_nan_at(model, watch, steps: int, call=None) -> list:
+    """``steps`` steps of ``call`` (default: the model) on random rows; the last one's rows
+    are zero (sqrt(0) in backward)."""
+    call = call or model
+    found = []
+    for step in range(steps):
+        model.zero_grad()
+        x = torch.randn(4, 3)
+        if step == steps - 1:
+            x = torch.zeros(4, 3)
+            model[0].bias.data.zero_()
+        loss = call(x).sum()
+        loss.backward()
+        found.append(watch.collect(loss))
+    return found
+
+
+def test_a_compile_made_after_the_watch_is_not_captured_and_the_origin_says_so():
+    """``torch.compile(model)`` made after the watch traces the module's call path itself,
+    past the call slot: its steps are not captured (as a compiled model's are not), nothing
+    breaks, and the NaN step's origin comes from the statistics with a reason that names
+    the compile and locate=."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), RowRoot())
+    watch = gradscope.watch(model)
+    assert watch.replay.mode == "call"
+    compiled = torch.compile(model, backend="eager")
+    found = _row_root_nan_at(model, watch, 4, call=compiled)
+    watch.close()
+    torch._dynamo.reset()
+    assert not any(s.nonfinite for s in found[:-1])
+    origin = found[-1].origin
+    assert found[-1].nonfinite and origin.op is None
+    assert "torch.compile" in origin.details["reason"]
+    assert "locate=" in origin.details["reason"]
+
+
+def test_the_call_slot_taken_by_a_compile_or_another_capture_means_module_hooks():
+    """``model.compile()`` after the watch fills the call slot with its own compiled call:
+    the capture leaves it there and hands over to module hooks. A second watch of a model
+    whose slot another capture holds takes module hooks from the start; a compiled-in-place
+    model is still not captured at all."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), RowRoot())
+    first = gradscope.watch(model)
+    second = gradscope.watch(model)
+    assert (first.replay.mode, second.replay.mode) == ("call", "hooks")
+    second.close()
+    model.compile(backend="eager")
+    found = _row_root_nan_at(model, first, 6)
+    assert first.replay.mode == "hooks"
+    assert model.__dict__["_compiled_call_impl"] is not None  # the compile's, kept
+    origin = found[-1].origin
+    assert origin.phase == "backward" and origin.module == "1", origin
+    first.close()
+    assert model.__dict__["_compiled_call_impl"] is not None
+    assert gradscope.watch(model).replay is None  # compiled in place before the watch
+    torch._dynamo.reset()
+
+
+def test_a_watched_model_pickles_without_the_capture():
+    """``torch.save`` / pickle of a model the capture holds: the copy carries no call slot
+    (``nn.Module.__getstate__`` leaves it out) and loads and runs where GradScope's watch
+    does not exist."""
+    import io
+    import pickle
+
+    model = nn.Sequential(nn.Linear(3, 3), RowRoot())
+    watch = gradscope.watch(model)
+    model(torch.randn(2, 3)).sum().backward()
+    copy_ = pickle.loads(pickle.dumps(model))
+    assert "_compiled_call_impl" not in copy_.__dict__
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert "_compiled_call_impl" not in loaded.__dict__
+    assert loaded(torch.randn(2, 3)).shape == (2,)
+    watch.close()
 
 
 def test_the_output_gradient_lives_one_step_and_the_users_own_stays():

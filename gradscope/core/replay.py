@@ -57,7 +57,14 @@ HOST_DRAW_CHECKS = 3
 _any_autocast = torch._C._is_any_autocast_enabled
 _grad_enabled = torch.is_grad_enabled
 _graph_task_id = torch._C._current_graph_task_id
-_cuda_initialized = torch.cuda.is_initialized
+_cuda = torch.cuda  # its ``_initialized``: what ``is_initialized()`` reads, without a call
+_Tensor = torch.Tensor
+_NO_AUTOCAST = ()
+_weakref = weakref.ref
+# torch's slot for a module's call (``model.compile()`` puts its compiled call there):
+# ``model(...)`` calls what it holds instead of the module's own call path.
+_CALL_SLOT = "_compiled_call_impl"
+_HAS_CALL_SLOT = getattr(nn.Module, _CALL_SLOT, 0) is None
 
 
 @dataclass
@@ -197,32 +204,42 @@ class StepReplay:
     def __init__(self, model: nn.Module, *, max_gradient_bytes: int = DEFAULT_GRADIENT_BYTES):
         self.model = model
         self.max_gradient_bytes = int(max_gradient_bytes)
-        self.calls: list[ForwardCall] = []
+        # this step's forward calls: ForwardCall, or (args, kwargs, output, autocast) as
+        # _take keeps the usual one (read them through _kept_calls)
+        self.calls: list[ForwardCall | tuple] = []
         self._buffers = _ChangingBuffers(model)
         self._new_step = True
         self._kept_bytes = 0
-        self._repeating = False
         self._warned_too_large = False
-        self._handles: list[Any] = []
         self._current: ForwardCall | None = None
         self.failed: str | None = None  # why the capture stopped, when it did
-        self.dropped_calls = 0  # this step's earliest forward calls, not kept
+        # repeating, or the capture failed: the model's calls pass through untouched
+        self._off = False
+        self.dropped_calls = 0  # this step's earliest forward calls, not kept (till collected)
         # does forward draw from Python's/numpy's generator? None: still learning
         self._host_draws: bool | None = None
         # and from torch's CPU generator (dropout on a CPU)?
         self._cpu_draws: bool | None = None
         self._host_checks_left = HOST_DRAW_CHECKS
-        self._pre_handle: Any = None
-        self._post_only = False
         # the outputs whose .grad GradScope asked autograd to keep, until the next step
         self._asked: list[weakref.ref] = []
+        # How the calls are taken (see attach): "call", in the model's call slot, or
+        # "hooks", by module hooks; None while detached.
+        self.mode: str | None = None
+        self._entry = self._call  # the one object put in the slot (to tell it apart)
+        self._call_impl: Any = None  # the model's own call path, which the entry calls
+        self._hooks_only = False
+        self._handles: list[Any] = []
+        self._pre_handle: Any = None
+        self._post_only = False  # the forward's end alone takes the call (nothing before)
         self.attach()
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy of the watched model (``copy.deepcopy`` for an EMA or reference model,
-        ``pickle``) carries the capture's hooks with it: there they do nothing, and the
-        step being captured (which may hold outputs of autograd, which cannot be copied)
-        stays behind."""
+        ``pickle``) carries the capture's hooks with it, when module hooks take the calls:
+        there they do nothing, and the step being captured (which may hold outputs of
+        autograd, which cannot be copied) stays behind. (The call slot is not copied at
+        all: ``nn.Module.__getstate__`` leaves it out.)"""
         state = dict(self.__dict__)
         state.update(
             calls=[],
@@ -231,36 +248,67 @@ class StepReplay:
             _pre_handle=None,
             _post_only=False,
             _asked=[],
+            _entry=None,
+            _call_impl=None,
+            mode=None,
             failed="a copy of the watched model is not captured",
+            _off=True,
         )
         return state
 
     def attach(self) -> None:
-        """Install the capture's hooks on the model's root (done when it is made): a
-        forward pre-hook (the random states and buffers before the forward) and a forward
-        hook (the output). Once the first forwards show that the pre-hook keeps nothing (no
-        generator drawn from, no buffer written, CUDA not initialised) only the forward hook
-        stays, and it takes the inputs: a hook less on every step."""
-        if not self._handles:
-            self._handles = [
-                self.model.register_forward_hook(self._after_forward, with_kwargs=True),
-            ]
-            self._post_only = True
-            if self._pre_hook_needed():
-                self._restore_pre_hook()
+        """Start taking the watched model's training calls (done when it is made).
+
+        The capture sits in torch's slot for a module's call (``_compiled_call_impl``,
+        which ``model.compile()`` fills, and which ``model(...)`` calls instead of the
+        module's own call path): one Python frame around each call, no module hook on the
+        common step, and it sees the call's own arguments and its final output, after any
+        hook of the user's. Module hooks take the calls instead where the slot is taken
+        (another capture holds it, or ``model.compile()`` after the watch filled it): a
+        forward hook, and a forward pre-hook while one is needed. A ``torch.compile(model)``
+        made after the watch traces the module's call path itself, past the slot (and
+        past hooks added after it): its steps are not captured, as a compiled model's are
+        not, and a NaN/Inf step's origin says so.
+
+        What is taken before the forward (the random states, the buffers it writes) is
+        learned from the first forwards: once they show that nothing needs keeping (no
+        generator drawn from, no buffer written, CUDA not initialised) only the forward's
+        end takes the call."""
+        if self.mode is not None:
+            return
+        self._post_only = not self._pre_hook_needed()
+        slot = self.model.__dict__.get(_CALL_SLOT)
+        if _HAS_CALL_SLOT and not self._hooks_only and slot is None:
+            self._call_impl = self.model._call_impl
+            self.model.__dict__[_CALL_SLOT] = self._entry
+            self.mode = "call"
+            return
+        self.mode = "hooks"
+        self._handles = [self.model.register_forward_hook(self._after_forward, with_kwargs=True)]
+        if not self._post_only:
+            self._restore_pre_hook()
 
     def detach(self) -> None:
-        """Remove the hooks (the benchmark's watch without the capture); the kept calls go."""
+        """Stop taking calls (the benchmark's watch without the capture); the kept calls go."""
+        if self.model.__dict__.get(_CALL_SLOT) is self._entry:
+            del self.model.__dict__[_CALL_SLOT]
+        self._call_impl = None
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self._pre_handle = None
-        self._post_only = False
+        self.mode = None
         self.step_collected()
         self._let_go_of_gradients()
 
+    def _to_hooks(self) -> None:
+        """Module hooks from now on (see :meth:`attach`)."""
+        self.detach()
+        self._hooks_only = True
+        self.attach()
+
     def _drop_pre_hook(self) -> None:
-        """The forward hook alone from now on (see :meth:`attach`)."""
+        """The forward's end alone takes the calls from now on (see :meth:`attach`)."""
         if self._pre_handle is not None:
             self._pre_handle.remove()
             self._handles.remove(self._pre_handle)
@@ -268,18 +316,31 @@ class StepReplay:
         self._post_only = True
 
     def _restore_pre_hook(self) -> None:
-        """The pre-hook again (while learning, or CUDA initialised after the first forwards:
-        its generator is kept again), ahead of any other: it sees the call's own arguments."""
-        self._pre_handle = self.model.register_forward_pre_hook(
-            self._before_forward, with_kwargs=True, prepend=True
-        )
-        self._handles.insert(0, self._pre_handle)
+        """The calls' start is taken again (while learning, or CUDA initialised after the
+        first forwards: its generator is kept again); by module hooks, a pre-hook ahead of
+        any other: it sees the call's own arguments."""
         self._post_only = False
+        if self.mode == "hooks" and self._pre_handle is None:
+            self._pre_handle = self.model.register_forward_pre_hook(
+                self._before_forward, with_kwargs=True, prepend=True
+            )
+            self._handles.insert(0, self._pre_handle)
 
     # -- capture -------------------------------------------------------------------------
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        """``model(...)`` while the capture holds the model's call slot (see :meth:`attach`)."""
+        if self._post_only:
+            output = self._call_impl(*args, **kwargs)
+            self._take(self.model, args, kwargs, output)
+            return output
+        self._before_forward(self.model, args, kwargs)
+        output = self._call_impl(*args, **kwargs)
+        self._finish(output)
+        return output
+
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._current = None
-        if self._repeating or self.failed or not torch.is_grad_enabled() or not module.training:
+        if self._off or not torch.is_grad_enabled() or not module.training:
             return  # evaluation, generation, our own repeat, or a capture that failed
         if torch._C._current_graph_task_id() != -1:
             return  # a checkpointed forward recomputed during backward: not a new call
@@ -289,84 +350,111 @@ class StepReplay:
             self._give_up(error)
 
     def _after_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if not self._post_only:  # the pre-hook took the call
-            call, self._current = self._current, None
-            if call is None:
-                return
-            try:
-                self._prepare_backward(call, output)
-            except Exception as error:
-                self._give_up(error)
+        if self._post_only:
+            self._take(module, args, kwargs, output)
+        else:  # the pre-hook took the call
+            self._finish(output)
+
+    def _finish(self, output: Any) -> None:
+        """The end of a call whose start was taken (:meth:`_capture`)."""
+        call, self._current = self._current, None
+        if call is None:
             return
-        # The common case once the first forwards are seen: this hook alone takes the call.
-        # It runs inside every training forward with the caches cold, where each Python
-        # call costs microseconds: the checks and the capture are inline here.
+        try:
+            self._prepare_backward(call, output)
+        except Exception as error:
+            self._give_up(error)
+
+    def _take(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        """A call taken at its end alone: the common case once the first forwards are seen.
+        It runs inside every training step with the caches cold, where each Python call
+        and each object made costs microseconds: the checks are inline here, and the usual
+        call (the step's first, one output made by autograd) is kept as a tuple that
+        :meth:`_kept_calls` turns into a :class:`ForwardCall` only when one is needed."""
         if (
-            self._repeating
-            or self.failed
-            or not _grad_enabled()
+            self._off
             or not module.training
+            or not _grad_enabled()
             or _graph_task_id() != -1  # a checkpointed forward recomputed during backward
         ):
             return
         try:
-            if _cuda_initialized():
-                self._restore_pre_hook()  # from the next forward on
+            if _cuda._initialized:  # CUDA started after the first forwards
+                self._restore_pre_hook()  # its generator is kept from the next forward on
             if self._new_step:
-                if self._asked:
-                    self._let_go_of_gradients()
-                self.dropped_calls = 0
+                asked = self._asked
+                if asked:  # the gradients kept at the last step's outputs go
+                    for ref in asked:
+                        tensor = ref()
+                        if tensor is not None:
+                            tensor.grad = None
+                    self._asked = []
                 self._new_step = False
-            call = ForwardCall(
-                args,
-                dict(kwargs) if kwargs else {},
-                NO_RANDOM_STATE,  # nothing to keep of the generators and buffers
-                _autocast_now() if _any_autocast() else [],
-                [],
-                False,
-                {},
-                {},
-            )
-            calls = self.calls
-            calls.append(call)
-            if len(calls) > 1:
-                self._bound_calls()
+            # (the call's kwargs are its own dict: made for this call, changed by nobody)
+            autocast = _autocast_now() if _any_autocast() else _NO_AUTOCAST
             if (
-                type(output) is torch.Tensor
+                type(output) is _Tensor
                 and output.requires_grad
                 and not output.is_leaf
-                and output.is_floating_point()
                 and not self._kept_bytes
+                and output.is_floating_point()
             ):
-                # one tensor made by autograd, the step's first forward (the usual step)
                 size = output.nbytes
                 if size <= self.max_gradient_bytes:
                     self._kept_bytes = size
                     if not output.retains_grad:
                         output.retain_grad()
-                        self._asked.append(weakref.ref(output))
-                    call.retained[0] = output
+                        self._asked.append(_weakref(output))
+                    calls = self.calls
+                    calls.append((args, kwargs, output, autocast))
+                    if len(calls) > 1:
+                        self._bound_calls()
                     return
+            call = ForwardCall(
+                args,
+                kwargs,
+                NO_RANDOM_STATE,  # nothing to keep of the generators and buffers
+                list(autocast),
+                [],
+                False,
+                {},
+                {},
+            )
+            self.calls.append(call)
+            if len(self.calls) > 1:
+                self._bound_calls()
             self._prepare_backward(call, output)
         except Exception as error:
             self._give_up(error)
+
+    def _kept_calls(self) -> list[ForwardCall]:
+        """The step's kept calls, each a :class:`ForwardCall` (those :meth:`_take` kept as
+        a tuple become one here)."""
+        calls = self.calls
+        for index, call in enumerate(calls):
+            if type(call) is tuple:
+                args, kwargs, output, autocast = call
+                calls[index] = ForwardCall(
+                    args, kwargs, NO_RANDOM_STATE, list(autocast), [], False, {}, {0: output}
+                )
+        return calls
 
     def _give_up(self, error: Exception) -> None:
         """The capture failed on this model: stop capturing (the statistics still say what
         they can, and locate= still works), say so once."""
         self.calls.clear()
         self.failed = f"{type(error).__name__}: {error}"
+        self._off = True
         warn_user(
             f"gradscope.watch: capturing the step for a NaN/Inf re-run failed ({self.failed}); "
             "NaN/Inf steps without locate= are found from the statistics"
         )
 
     def _capture(self, args: tuple, kwargs: dict) -> None:
-        """The pre-hook's capture (while learning, or when the forward draws from a
+        """The capture of a call's start (while learning, or when the forward draws from a
         generator or writes a buffer): the call, with the generators and buffers."""
         if self._new_step:
             self._let_go_of_gradients()
-            self.dropped_calls = 0
             self._new_step = False
         random_state = capture_random_state(
             host=self._host_draws is not False, torch_cpu=self._cpu_draws is not False
@@ -383,7 +471,7 @@ class StepReplay:
 
     def _bound_calls(self) -> None:
         """Micro-batches: the step's kept inputs are bounded too (the latest call stays)."""
-        calls = self.calls
+        calls = self._kept_calls()
         held = sum(c.counted_input_bytes() for c in calls[:-1])
         while len(calls) > 1 and (
             len(calls) > MAX_CALLS_PER_STEP or held > self.max_gradient_bytes
@@ -476,8 +564,11 @@ class StepReplay:
     def step_collected(self) -> None:
         """The step's statistics are in (and its origin, if it needed one): its calls are
         let go now, so the batch and kept gradients live no longer than the step."""
+        if self.mode == "call" and self.model.__dict__.get(_CALL_SLOT) is not self._entry:
+            self._to_hooks()  # model.compile() after the watch took the slot (see attach)
         self.calls.clear()
         self._kept_bytes = 0
+        self.dropped_calls = 0
         self._new_step = True
 
     # -- repeat --------------------------------------------------------------------------
@@ -492,14 +583,15 @@ class StepReplay:
     ) -> Origin:
         """Where this step's first NaN/Inf came from, by repeating its forward calls in
         order (the first one located wins). Never raises for GradScope's own reasons."""
-        calls = list(self.calls)
+        calls = list(self._kept_calls())
         if not calls:
             origin = statistics_origin(stats, layer_names)
             origin.details["reason"] = (
                 f"the step could not be captured ({self.failed}): pass locate="
                 if self.failed
-                else "no training forward of the watched model was seen in this step (its "
-                "training_step or loss called submodules directly?): pass locate="
+                else "no training forward of the watched model was seen in this step (a "
+                "training_step or loss that calls submodules directly, or a torch.compile of "
+                "the model made after the watch?): pass locate="
             )
             return origin
         deadline = time.monotonic() + timeout
@@ -575,12 +667,12 @@ class StepReplay:
             self._buffers.restore(call.buffers)
             args = tree_map(_fresh_leaf, call.args)
             kwargs = tree_map(_fresh_leaf, call.kwargs)
-            self._repeating = True
+            self._off = True
             try:
                 with _autocast(call.autocast):
                     output = self.model(*args, **kwargs)
             finally:
-                self._repeating = False
+                self._off = self.failed is not None
             if call.in_model_loss:
                 return output
             return _backward_from_kept(output, call)
@@ -651,10 +743,16 @@ def make_replay(
         return None
     chain = wrapper_chain(wrapped_model)
     model = unwrap_model(wrapped_model)
-    if any(hasattr(m, "_orig_mod") for m in chain) or vars(model).get("_compiled_call_impl"):
+    if any(hasattr(m, "_orig_mod") for m in chain) or _compiled_in_place(model):
         return None
     if any(isinstance(m, nn.DataParallel) for m in chain):
         return None  # its replicas call the root's hooks from threads
     if sharded_reason(model) is not None:
         return None
     return StepReplay(model, max_gradient_bytes=max_gradient_bytes)
+
+
+def _compiled_in_place(model: nn.Module) -> bool:
+    """``model.compile()`` filled its call slot (a capture's entry there is not a compile)."""
+    held = model.__dict__.get(_CALL_SLOT)
+    return held is not None and not isinstance(getattr(held, "__self__", None), StepReplay)

@@ -1,8 +1,9 @@
 """Repeat a step the watch saw, with nothing from the user.
 
 ``collect(loss)`` without ``locate=`` still gets the module, the operation and the line of a
-step's first NaN/Inf: :class:`StepReplay` keeps, at every training forward of the watched
-model (a forward pre-hook on its root), what repeating that forward needs:
+step's first NaN/Inf: :class:`StepReplay` keeps, at every training call of the watched
+model (from torch's slot for a module's call, or module hooks: see
+:meth:`StepReplay.attach`), what repeating that forward needs:
 
 - the arguments the root was called with, by reference (never copied);
 - the state of every random generator (:mod:`gradscope.core.rng`) and the autocast setting;

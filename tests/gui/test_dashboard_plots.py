@@ -349,9 +349,22 @@ def test_empty_plots_say_how_to_start(qtbot, window, scripts) -> None:
     window.resize(1280, 800)
     (x0, x1), _ = window.plots.gradient_norm.item.vb.viewRange()
     assert x0 < 0 < 9 < x1  # the first steps, not -0.4 to 0.4
+    # No numbers on the axes before there is data (the loss axis read 0.1 to 0.9, the norm
+    # axis 5, the heatmap's steps -0.4 to 0.4): they come with the first step.
+    panel = window.plots
+    plots = (panel.gradient_norm, panel.loss, panel.heatmap, panel.flow)
+
+    def axes():
+        found = [panel.heatmap.colorbar.getAxis("bottom")]
+        for each in plots:
+            found += [each.item.getAxis("left"), each.item.getAxis("bottom")]
+        return found
+
+    assert not any(axis.style["showValues"] for axis in axes())
     run_and_wait(qtbot, window, window.step)
     window._refresh()
     assert hint.isHidden()
+    assert all(axis.style["showValues"] for axis in axes())
 
 
 def test_help_links_to_the_readmes_app_section(window, tmp_path) -> None:

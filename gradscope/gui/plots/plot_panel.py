@@ -111,6 +111,7 @@ class PlotPanel(QWidget):
         # rows are ranged here, until the user zooms or pans (View > Reset plot zoom).
         self.follow_range = True
         self._wall_clock_lacking: list[str] = []
+        self._axis_values_shown = True  # see _show_axis_values
 
     def _smoothing_row(self) -> QHBoxLayout:
         """TensorBoard's smoothing slider: an exponential moving average of the gradient
@@ -253,11 +254,26 @@ class PlotPanel(QWidget):
         if empty:
             self._place_empty_hint()
 
+    def _show_axis_values(self, view: PlotView) -> None:
+        """No numbers on the axes while there is nothing to plot (no step yet, no run
+        compared): the default ranges' ticks (steps -0.4 to 0.4, a norm of 5, a loss of
+        0.1 to 0.9) are no figures of the run."""
+        shown = bool(view.history.count) or any(run.history.count for run in view.compared)
+        if shown == self._axis_values_shown:
+            return
+        self._axis_values_shown = shown
+        axes = [self.heatmap.colorbar.getAxis("bottom")]
+        for plot in (self.gradient_norm, self.loss, self.heatmap, self.flow):
+            axes += [plot.item.getAxis("left"), plot.item.getAxis("bottom")]
+        for axis in axes:
+            axis.setStyle(showValues=shown)
+
     def refresh(self, view: PlotView) -> None:
         self._last_view = view
         self._offer_wall_clock(view)
         view = self._shown(view)
         self._show_empty_hint(view)
+        self._show_axis_values(view)
         if self.follow_range:
             # First the view, then the data: the gradient-norm plot draws what is in view.
             self.gradient_norm.hold(True)

@@ -178,6 +178,12 @@ class MainWindow(QMainWindow):
         self._build_status_bar()
         self.debugger = self._build_debugger()
         self.recordings = self._build_recordings()
+        # A message (a status tip, a note) gets the room of these, least needed first.
+        self._yielding_labels = [
+            self.recordings.label, self.debugger.memory_label, self.rate_label
+        ]
+        self._yielded: list[QLabel] = []
+        self.statusBar().messageChanged.connect(self._on_status_message_changed)
         self.comparison = RunComparison(
             self, runs_folder, lambda text: self.statusBar().showMessage(text, 8000)
         )
@@ -411,6 +417,30 @@ class MainWindow(QMainWindow):
             label.setStyleSheet("padding: 0 8px;")
             bar.addPermanentWidget(label)
         self._set_state("empty")
+
+    def _on_status_message_changed(self, text: str) -> None:
+        """While a message shows, the least needed permanent fields (the recording's file,
+        the rewind memory, steps/s) step aside as far as it needs: at 1280x800 they cut the
+        Run button's tip to "Run or continue up to the st". They come back after it."""
+        for label in self._yielded:
+            label.show()
+        self._yielded = []
+        if not text:
+            return
+        bar = self.statusBar()
+        needed = bar.fontMetrics().horizontalAdvance(text) + 24
+        permanent = bar.findChildren(QLabel, options=Qt.FindChildOption.FindDirectChildrenOnly)
+        shown = [w for w in permanent if w.isVisible()]
+        # the message is drawn left of the first permanent field
+        room = min(w.x() for w in shown) if shown else bar.width()
+        spacing = max(0, bar.layout().spacing())
+        for label in self._yielding_labels:
+            if room >= needed:
+                break
+            if label.isVisible() and label.text():
+                room += label.width() + spacing
+                label.hide()
+                self._yielded.append(label)
 
     def _build_debugger(self) -> StepDebugger:
         debugger = StepDebugger(DebuggerParts(

@@ -345,3 +345,29 @@ def test_refresh_timer_sleeps_until_the_next_redraw_is_due(window, monkeypatch) 
     with pytest.raises(RuntimeError):
         window._on_refresh_timer_timeout()
     assert timer.isActive()  # a failed redraw never stops the redraws for good
+
+
+def test_a_long_status_tip_gets_the_room_of_the_least_needed_fields(qtbot, window) -> None:
+    """At 1280x800 the permanent fields cut the Run button's tip to "Run or continue up to
+    the st": while a message shows, the recording's file (then the rewind memory, then
+    steps/s) steps aside as far as the message needs, and comes back after it."""
+    window.recordings.label.setText("recording to 20261202-172650-seed_explosion.gsrec")
+    window.debugger.memory_label.setText("rewind: 5 step(s), 0.0 MB")
+    window.step_label.setText("step: 9  (10 done)")
+    window.loss_label.setText("loss: 1.71e+11")
+    bar = window.statusBar()
+    qtbot.wait(20)
+    tip = window.run_action.statusTip()
+    bar.showMessage(tip)
+    qtbot.wait(20)
+    assert not window.recordings.label.isVisible()
+    assert window.loss_label.isVisible() and window.step_label.isVisible()
+    shown = [w for w in (window.debugger.memory_label, window.rate_label, window.loss_label)
+             if w.isVisible()]
+    assert min(w.x() for w in shown) >= bar.fontMetrics().horizontalAdvance(tip)
+    bar.clearMessage()
+    qtbot.wait(20)
+    assert window.recordings.label.isVisible()
+    bar.showMessage("short")  # a message that fits moves nothing
+    qtbot.wait(20)
+    assert window.recordings.label.isVisible()

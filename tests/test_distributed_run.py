@@ -340,9 +340,55 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
             time.sleep(0.2)
             left = [pid for pid in left if not process_gone(pid)]
         assert not left, f"still running after the launcher was killed: {left}"
+        # Its folder stays behind (the launcher's own cleanup never ran): the next launch
+        # removes it once it has been left alone for a while.
+        from gradscope.core.distributed.launcher import (
+            ABANDONED_AFTER_S,
+            sweep_abandoned_folders,
+        )
+
+        (abandoned,) = tmp_path.glob("gradscope-ranks-*")
+        assert sweep_abandoned_folders(tmp_path) == []  # just left: kept for now
+        old = time.time() - ABANDONED_AFTER_S - 1
+        os.utime(abandoned, (old, old))
+        assert sweep_abandoned_folders(tmp_path) == [abandoned]
+        assert not abandoned.exists()
     finally:
         if process.poll() is None:
             process.kill()
         for pid in [*pids.values(), torchrun]:
             if pid and not process_gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_later_launch_keeps_the_folders_of_runs_still_going(tmp_path):
+    """The sweep of abandoned run folders leaves alone a run whose launcher lives (however
+    old its folder), and folders that are not a run's (no readable spec)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from gradscope.core.distributed.launcher import ABANDONED_AFTER_S, sweep_abandoned_folders
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        going = tmp_path / "gradscope-ranks-going"
+        stranger = tmp_path / "gradscope-ranks-stranger"
+        for folder in (going, stranger):
+            folder.mkdir()
+        (going / "spec.json").write_text(json.dumps({"launcher_pid": alive.pid}))
+        (stranger / "spec.json").write_text("not json")
+        old = time.time() - ABANDONED_AFTER_S - 1
+        for folder in (going, stranger):
+            os.utime(folder, (old, old))
+        assert sweep_abandoned_folders(tmp_path) == []
+        assert going.exists() and stranger.exists()
+        alive.kill()
+        alive.wait()
+        assert sweep_abandoned_folders(tmp_path) == [going]  # its launcher is gone now
+        assert stranger.exists()
+    finally:
+        if alive.poll() is None:
+            alive.kill()
+            alive.wait()

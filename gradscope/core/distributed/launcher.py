@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +31,10 @@ from gradscope.core.history import RunHistory
 from gradscope.core.rank_facts import RankFacts, located_origin
 
 DEFAULT_STEP_TIMEOUT = 300.0
+FOLDER_PREFIX = "gradscope-ranks-"
+# An abandoned run's folder is removed by a later launch only once it has been left alone
+# this long (its ranks end within a second of their launcher).
+ABANDONED_AFTER_S = 60.0
 
 
 @dataclass
@@ -105,7 +110,8 @@ def launch(
 ) -> DistributedRun:
     """Run the steps on ``nproc`` local processes and return what they did; whatever
     happens (a rank fails or hangs, Ctrl+C), the steps finished are in the result."""
-    with tempfile.TemporaryDirectory(prefix="gradscope-ranks-") as name:
+    sweep_abandoned_folders(Path(tempfile.gettempdir()))
+    with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as name:
         folder = Path(name)
         spec = folder / "spec.json"
         spec.write_text(
@@ -167,6 +173,27 @@ def launch(
             launcher_code=process.returncode,
             log_text=log_text,
         )
+
+
+def sweep_abandoned_folders(temporary: Path) -> list[Path]:
+    """Remove the folders of runs whose launcher was killed (kill -9, the out-of-memory
+    killer: its own cleanup never ran), as the next launch begins: a folder whose spec
+    names a launcher that is gone, untouched for ABANDONED_AFTER_S. A run still going, or
+    one whose launcher's pid is another live process now, keeps its folder. The removed."""
+    removed = []
+    now = time.time()
+    for folder in temporary.glob(FOLDER_PREFIX + "*"):
+        try:
+            if now - folder.stat().st_mtime < ABANDONED_AFTER_S or not folder.is_dir():
+                continue
+            spec = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
+            pid = int(spec["launcher_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not one of ours, or not readable: left alone
+        if pid != os.getpid() and process_gone(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def _progress(folder: Path, nproc: int) -> int:

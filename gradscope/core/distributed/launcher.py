@@ -184,15 +184,19 @@ def sweep_abandoned_folders(temporary: Path) -> list[Path]:
     now = time.time()
     for folder in temporary.glob(FOLDER_PREFIX + "*"):
         try:
-            if now - folder.stat().st_mtime < ABANDONED_AFTER_S or not folder.is_dir():
+            facts = folder.stat()
+            if now - facts.st_mtime < ABANDONED_AFTER_S or not folder.is_dir():
                 continue
+            if hasattr(os, "getuid") and facts.st_uid != os.getuid():
+                continue  # another user's run
             spec = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
             pid = int(spec["launcher_pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not one of ours, or not readable: left alone
         if pid != os.getpid() and process_gone(pid):
             shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
+            if not folder.exists():
+                removed.append(folder)
     return removed
 
 

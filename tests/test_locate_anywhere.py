@@ -529,6 +529,28 @@ def test_micro_batches_past_the_bound_are_named_and_counted_per_step():
     assert f"first {extra} forward call(s) were not kept" in found.origin.details["reason"]
 
 
+def _row_root_nan_at(model, watch, steps: int, call=None, mid_step=None, after_step=None):
+    """``steps`` steps of ``call`` (default: the model) on random rows; the last one's rows
+    are zero (sqrt(0) in backward). ``mid_step()`` runs after each forward, before its
+    backward; ``after_step(step)`` after each collect()."""
+    call = call or model
+    found = []
+    for step in range(steps):
+        model.zero_grad()
+        x = torch.randn(4, 3)
+        if step == steps - 1:
+            x = torch.zeros(4, 3)
+            model[0].bias.data.zero_()
+        loss = call(x).sum()
+        if mid_step is not None:
+            mid_step()
+        loss.backward()
+        found.append(watch.collect(loss))
+        if after_step is not None:
+            after_step(step)
+    return found
+
+
 def _row_root_steps(steps: int, *, copy_mid_step: bool = False, by_hooks: bool = False):
     """Linear then RowRoot; the last step's rows are all zero: sqrt(0) in backward.
     ``by_hooks``: module hooks take the calls instead of the model's call slot."""
@@ -539,21 +561,13 @@ def _row_root_steps(steps: int, *, copy_mid_step: bool = False, by_hooks: bool =
     watch = gradscope.watch(model)
     if by_hooks:
         watch.replay._to_hooks()
-    found = []
-    for step in range(steps):
-        model.zero_grad()
-        x = torch.randn(4, 3)
-        if step == steps - 1:
-            x = torch.zeros(4, 3)
-            model[0].bias.data.zero_()
-        loss = model(x).sum()
-        if copy_mid_step:  # after the forward, before collect(): an EMA or reference copy
-            twin = copy.deepcopy(model)
-            twin(torch.randn(4, 3)).sum().backward()
-            assert twin[0].weight.grad is not None
-        loss.backward()
-        stats = watch.collect(loss)
-        found.append(stats)
+
+    def copy_the_model() -> None:  # after the forward, before collect(): an EMA or reference
+        twin = copy.deepcopy(model)
+        twin(torch.randn(4, 3)).sum().backward()
+        assert twin[0].weight.grad is not None
+
+    def check_the_capture(step: int) -> None:
         if step >= 3:  # the first forwards showed that the forward's end alone will do
             assert not model._forward_pre_hooks
             if by_hooks:
@@ -561,6 +575,14 @@ def _row_root_steps(steps: int, *, copy_mid_step: bool = False, by_hooks: bool =
             else:  # no module hook at all: the capture is in the model's call slot
                 assert not model._forward_hooks and watch.replay.mode == "call"
                 assert model.__dict__["_compiled_call_impl"] is not None
+
+    found = _row_root_nan_at(
+        model,
+        watch,
+        steps,
+        mid_step=copy_the_model if copy_mid_step else None,
+        after_step=check_the_capture,
+    )
     watch.close()
     assert not model._forward_hooks  # close() removed what was left
     assert "_compiled_call_impl" not in model.__dict__
@@ -589,23 +611,6 @@ def test_a_copy_of_the_watched_model_mid_step_works_and_the_watch_goes_on(by_hoo
     origin = found[-1].origin
     assert origin.phase == "backward" and origin.module == "1"
     assert (origin.file, origin.line) == (__file__, _line_of("# row root marker"))
-
-
-def _row_root_nan_at(model, watch, steps: int, call=None) -> list:
-    """``steps`` steps of ``call`` (default: the model) on random rows; the last one's rows
-    are zero (sqrt(0) in backward)."""
-    call = call or model
-    found = []
-    for step in range(steps):
-        model.zero_grad()
-        x = torch.randn(4, 3)
-        if step == steps - 1:
-            x = torch.zeros(4, 3)
-            model[0].bias.data.zero_()
-        loss = call(x).sum()
-        loss.backward()
-        found.append(watch.collect(loss))
-    return found
 
 
 def test_a_compile_made_after_the_watch_is_not_captured_and_the_origin_says_so():

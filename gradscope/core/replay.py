@@ -383,13 +383,8 @@ class StepReplay:
             if _cuda._initialized:  # CUDA started after the first forwards
                 self._restore_pre_hook()  # its generator is kept from the next forward on
             if self._new_step:
-                asked = self._asked
-                if asked:  # the gradients kept at the last step's outputs go
-                    for ref in asked:
-                        tensor = ref()
-                        if tensor is not None:
-                            tensor.grad = None
-                    self._asked = []
+                if self._asked:  # the gradients kept at the last step's outputs go
+                    self._let_go_of_gradients()
                 self._new_step = False
             # (the call's kwargs are its own dict: made for this call, changed by nobody)
             autocast = _autocast_now() if _any_autocast() else _NO_AUTOCAST
@@ -421,9 +416,7 @@ class StepReplay:
                 {},
                 {},
             )
-            self.calls.append(call)
-            if len(self.calls) > 1:
-                self._bound_calls()
+            self._add_call(call)
             self._prepare_backward(call, output)
         except Exception as error:
             self._give_up(error)
@@ -464,11 +457,16 @@ class StepReplay:
         call = ForwardCall(
             args, dict(kwargs), random_state, _autocast_now(), buffers, False, {}, {}
         )
+        self._add_call(call)
+        self._current = call
+
+    def _add_call(self, call: ForwardCall) -> None:
+        """One more forward call of this step (see :meth:`_bound_calls`). The usual call
+        of :meth:`_take` is appended there, inline."""
         calls = self.calls
         calls.append(call)
         if len(calls) > 1:
             self._bound_calls()
-        self._current = call
 
     def _bound_calls(self) -> None:
         """Micro-batches: the step's kept inputs are bounded too (the latest call stays)."""

@@ -148,6 +148,27 @@ class StepStats:
 SAMPLES_SHOWN = 5
 
 
+@dataclass(frozen=True)
+class StatisticInfo:
+    """What a sink needs to know of a statistic, by its name (its column, JSON key, tag and
+    menu entry): ``label``, what the app's selector shows; ``combine``, how a layer's figure
+    follows from its parameters' ("sum", "max", "rss" root of summed squares, or "mean");
+    ``every``, its schedule in steps (measured at steps 0, every, 2*every, ...); ``source``,
+    what it reads ("parameter": gradients and weights, "output": a module's forward output).
+    Its figures are ``StepStats.figures[name]``, one per watched layer, on the steps it is
+    due and absent on the others."""
+
+    name: str
+    label: str = ""
+    combine: str = "rss"
+    every: int = 1
+    source: str = "parameter"
+
+    @property
+    def shown_as(self) -> str:
+        return self.label or self.name
+
+
 @dataclass
 class SourceLocation:
     file: str

@@ -512,7 +512,11 @@ class GradientWatch:
                 per_param[name] = np.where(read, values, 0.0 if before is None else before)
             reads = reads + more
         self.statuses.keep(statuses)
-        per_layer = self._per_layer(figures, reads, divisor)
+        per_layer = (
+            self._per_layer(figures, reads, divisor)
+            if reads or self._output_reads or self.statistics.failures
+            else {}
+        )
         stats = StepStats(
             step=self._step,
             loss=loss_value,

@@ -5,6 +5,7 @@ turned off one by one when they fail."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +13,8 @@ from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import StatisticInfo
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.watch.statistics import BUILT_INS, COMBINES, Statistic, StatisticError
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def _checked(statistic: Any, taken: set[str]) -> Statistic:
@@ -31,6 +34,11 @@ def _checked(statistic: Any, taken: set[str]) -> Statistic:
     name = statistic.name
     if not isinstance(name, str) or not name.strip():
         raise GradScopeError(f"statistics=: {kind} has no name (set name = '...')")
+    if not _NAME.fullmatch(name):
+        raise GradScopeError(
+            f"statistics=: {kind}.name {name!r}: letters, digits, '_', '-' and '.' only (it "
+            "is a column, a JSON key and a tag)"
+        )
     if name in taken:
         raise GradScopeError(f"statistics=: two statistics are named {name!r}")
     if statistic.combine not in COMBINES:

@@ -5,6 +5,11 @@ when full, so appending is amortised O(layers). A cell of a step in which the la
 watched holds ``MISSING`` (-1: norms are never negative), never NaN, because NaN is a real
 value here. Values are float32 (4 bytes per layer, step and statistic); finite values beyond
 float32's range saturate at its maximum rather than turning into a false Inf.
+
+Statistics beyond the built-in ones (``StepStats.figures``, a user's ``gradscope.Statistic``)
+are kept by name beside them, with the steps each was due at (``figure_due``): such a
+statistic may be negative, so its MISSING cells are only what the plots skip, and the exact
+sinks (report, CSV, TensorBoard) ask ``figure_measured`` instead.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from gradscope.core.facts import (
     STATUS_NONFINITE,
     STATUS_OK,
     Origin,
+    StatisticInfo,
     StepStats,
     is_flagged,
 )
@@ -54,6 +60,15 @@ class Event:
     kind: str  # "exploding", "vanishing", "nonfinite" or "origin"
     layer: str | None
     message: str
+
+
+def named_figures(stats: StepStats) -> dict[str, np.ndarray]:
+    """The step's figures of statistics beyond the built-in ones (those keep their own
+    fields and tables, so a built-in's name in ``figures`` is not kept twice)."""
+    figures = stats.figures
+    if not figures:
+        return {}
+    return {name: values for name, values in figures.items() if name not in STATISTICS}
 
 
 def statistic_rows(stats: StepStats) -> np.ndarray:
@@ -286,6 +301,11 @@ class RunHistory:
         self._stats: dict[str, np.ndarray] = {
             name: np.zeros((self._capacity, 0), dtype=np.float32) for name in STATISTICS
         }
+        # Named statistics beyond the built-ins (StepStats.figures), in the order first seen,
+        # their values in ``_stats`` and the rows each was due at; what a sink knows of them.
+        self.figure_names: list[str] = []
+        self._due: dict[str, np.ndarray] = {}
+        self.statistic_infos: dict[str, StatisticInfo] = {}
         self._status = np.zeros((self._capacity, 0), dtype=np.uint8)
         self.worst_status = np.zeros(0, dtype=np.uint8)
         self.events: list[Event] = []
@@ -331,8 +351,10 @@ class RunHistory:
             new[: self.count, : array.shape[1]] = array[: self.count]
             return new
 
-        for name in STATISTICS:
+        for name in self._stats:
             self._stats[name] = regrow(self._stats[name], MISSING)
+        for name in self._due:
+            self._due[name] = regrow(self._due[name], False)
         self._status = regrow(self._status, STATUS_MISSING)
         self.step_numbers = regrow(self.step_numbers, 0)
         self.loss = regrow(self.loss, 0.0)
@@ -378,6 +400,7 @@ class RunHistory:
             self._stats["weight_norm"][row, columns] = packed[2]
             if stats.update_ratio is not None:
                 self._stats["update_ratio"][row, columns] = _to_float32(stats.update_ratio)
+            self._add_figures(row, named_figures(stats), columns)
             self._status[row, columns] = stats.status
             self.worst_status[columns] = np.maximum(self.worst_status[columns], stats.status)
             self._note_onsets(step, layer_names, stats)
@@ -445,6 +468,8 @@ class RunHistory:
             for row, ratio in enumerate(ratios, start=self.count):
                 if ratio is not None:
                     self._stats["update_ratio"][row, columns] = _to_float32(ratio)
+        for row, stats in enumerate(all_stats, start=self.count):
+            self._add_figures(row, named_figures(stats), columns)
         status = np.stack([stats.status for stats in all_stats])
         self._status[rows, columns] = status
         self.worst_status[columns] = np.maximum(self.worst_status[columns], status.max(axis=0))
@@ -463,6 +488,33 @@ class RunHistory:
         ):
             self._add_parameter_norms(self.count, all_stats, param_names, param_layers)
         self.count += count
+
+    def _add_figures(self, row: int, figures: dict[str, np.ndarray], columns: np.ndarray) -> None:
+        for name, values in figures.items():
+            if np.shape(values) != columns.shape:  # not one figure per layer: not this step's
+                continue
+            self.ensure_statistic(name)
+            self._stats[name][row, columns] = _to_float32(values)
+            self._due[name][row] = True
+
+    def ensure_statistic(self, name: str) -> None:
+        """Room for a named statistic (MISSING, and not due, at every step so far)."""
+        if name in self._stats:
+            return
+        self.figure_names.append(name)
+        self._stats[name] = np.full(
+            (self._capacity, self._layer_capacity), MISSING, dtype=np.float32
+        )
+        self._due[name] = np.zeros(self._capacity, dtype=bool)
+
+    def describe_statistics(self, infos: Sequence[StatisticInfo]) -> None:
+        """What the watch says of its statistics (labels, schedules), by name."""
+        for info in infos:
+            self.statistic_infos[info.name] = info
+
+    def statistic_info(self, name: str) -> StatisticInfo:
+        """What is known of statistic ``name`` (its name alone when nothing described it)."""
+        return self.statistic_infos.get(name) or StatisticInfo(name)
 
     def _add_parameter_norms(
         self,
@@ -511,6 +563,21 @@ class RunHistory:
 
     def status_matrix(self) -> np.ndarray:
         return self._status[: self.count, : len(self.layer_names)]
+
+    @property
+    def statistic_names(self) -> list[str]:
+        """Every statistic held: the built-in ones, then the named ones in order first seen."""
+        return [*STATISTICS, *self.figure_names]
+
+    def figure_due(self, name: str) -> np.ndarray:
+        """Per step, whether named statistic ``name`` was due (measured) at it."""
+        return self._due[name][: self.count]
+
+    def figure_measured(self, name: str) -> np.ndarray:
+        """Steps x layers: where named statistic ``name`` holds a value (due at the step,
+        and the layer watched at it), whatever the value (a negative one too)."""
+        watched = self.status_matrix() != STATUS_MISSING
+        return watched & self.figure_due(name)[:, None]
 
     def row_of_step(self, step: int) -> int | None:
         rows = np.flatnonzero(self.step_numbers[: self.count] == step)
@@ -569,8 +636,10 @@ class RunHistory:
         keep = int(np.searchsorted(self.step_numbers[: self.count], step, side="left"))
         # The forgotten rows go back to "not measured": the new branch's steps only write
         # the cells they measure (watched layers, an update ratio when there is one).
-        for name in STATISTICS:
+        for name in self._stats:
             self._stats[name][keep : self.count] = MISSING
+        for name in self._due:
+            self._due[name][keep : self.count] = False
         self._status[keep : self.count] = STATUS_MISSING
         self.total_grad_norm[keep : self.count] = 0.0
         self.loss_scale[keep : self.count] = 0.0
@@ -607,6 +676,7 @@ class RunHistory:
     def nbytes(self) -> int:
         return (
             sum(a.nbytes for a in self._stats.values())
+            + sum(a.nbytes for a in self._due.values())
             + self._status.nbytes
             + self.parameter_norms.nbytes()
         )

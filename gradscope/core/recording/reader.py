@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.core.errors import GradScopeError
+from gradscope.core.facts import StatisticInfo
 from gradscope.core.history import (
     MISSING,
     STATISTICS,
@@ -37,6 +38,7 @@ from gradscope.core.recording.format import (
     status_codes,
 )
 from gradscope.core.recording.lock import _lock_is_held
+from gradscope.core.recording.named_statistics import StatisticReader
 from gradscope.core.recording.stored_values import (
     StoredValueError,
     blob,
@@ -121,6 +123,7 @@ class RecordingReader:
                 )
             }
             self.has_parameter_norms = all(t in tables for t in OPTIONAL_TABLES)
+            self._statistics = StatisticReader(self._connection, self.format_version, tables)
         except (sqlite3.DatabaseError, *_DAMAGE) as error:
             self._connection.close()
             raise _damaged(self.path, error) from None
@@ -178,6 +181,16 @@ class RecordingReader:
         """Steps recorded so far (committed ones)."""
         found = self._query("SELECT MAX(row) FROM steps")
         return 0 if found[0][0] is None else int(found[0][0]) + 1
+
+    @property
+    def statistic_infos(self) -> list[StatisticInfo]:
+        """What the watch said of the named statistics the recording holds (labels,
+        schedules); empty for a file written before statistics were stored by name."""
+        try:
+            self._statistics.refresh()
+        except (sqlite3.DatabaseError, *_DAMAGE) as error:
+            raise _damaged(self.path, error) from None
+        return list(self._statistics.infos.values())
 
     @property
     def layer_names(self) -> list[str]:
@@ -428,6 +441,7 @@ class RecordingReader:
 
         if self.has_parameter_norms:
             self._read_parameter_norms(history, rows, start, where, parameters)
+        self._statistics.read_block(history, rows, start, where, parameters, scatter)
 
         block_status = history._status[start:end][:, columns]
         if stride == 1:

@@ -36,7 +36,14 @@ import numpy as np
 
 from gradscope._version import __version__
 from gradscope.core.errors import GradScopeError
-from gradscope.core.facts import STATUS_FROZEN, STATUS_OK, LayerInfo, Origin, StepStats
+from gradscope.core.facts import (
+    STATUS_FROZEN,
+    STATUS_OK,
+    LayerInfo,
+    Origin,
+    StatisticInfo,
+    StepStats,
+)
 from gradscope.core.history import (
     _to_float32,
     owner_layers,
@@ -55,6 +62,7 @@ from gradscope.core.recording.format import (
     _SCHEMA,
     _TABLES,
     _VALUE_TABLES,
+    FIGURE_TABLES,
     FORMAT_NAME,
     FORMAT_VERSION,
     OPTIONAL_TABLES,
@@ -70,6 +78,7 @@ from gradscope.core.recording.lock import (
     _describe_writer,
     _lock_is_held,
 )
+from gradscope.core.recording.named_statistics import StatisticWriter, write_rows
 
 # -- writing ------------------------------------------------------------------------------
 _STOP = object()
@@ -84,6 +93,11 @@ class _Rewind:
 class _Info:
     key: str
     value: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Described:
+    infos: tuple[StatisticInfo, ...]
 
 
 class _Batch:
@@ -105,9 +119,12 @@ class _Batch:
         self.events: list[tuple[int, int, str, str | None, str]] = []
         self.origins: list[tuple[int, str]] = []
         self.info: list[tuple[str, str]] = []
+        # The named statistics (see named_statistics.py): described, and their figures.
+        self.statistics: list[tuple[Any, ...]] = []
+        self.figures: list[tuple[int, int, bytes]] = []
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self.steps) + len(self.statistics)
 
 
 class RecordingWriter:
@@ -162,6 +179,7 @@ class RecordingWriter:
         self._last_param_set: tuple[Sequence[LayerInfo] | None, tuple[int, int]] = (None, (-1, 0))
         self._previous_status = np.zeros(0, dtype=np.uint8)
         self._worst = np.zeros(0, dtype=np.uint8)
+        self._statistics = StatisticWriter()
         self.thread_seconds = 0.0  # CPU time the writer thread spent (for the benchmark)
         self._thread = threading.Thread(target=self._run, name="gradscope-recording", daemon=True)
         self._thread.start()
@@ -207,7 +225,7 @@ class RecordingWriter:
                             f"{path} already exists; choose a new file name or pass "
                             "overwrite=True to replace it"
                         )
-                    for table in (*_TABLES, *OPTIONAL_TABLES):
+                    for table in (*_TABLES, *OPTIONAL_TABLES, *FIGURE_TABLES):
                         connection.execute(f"DROP TABLE IF EXISTS {table}")
                 # (not executescript: it would commit the transaction first)
                 for statement in _SCHEMA.split(";"):
@@ -339,6 +357,14 @@ class RecordingWriter:
             raise GradScopeError(f"the recording {self.path} is closed")
         self._pending.append(_Info(f"info.{key}", str(value)))
 
+    def describe_statistics(self, infos: Sequence[StatisticInfo]) -> None:
+        """Store what the watch says of its statistics (``GradientWatch.statistic_infos``:
+        labels, schedules), by name; written with the next commit. A statistic seen in a
+        step but never described is stored by its name alone."""
+        if self._closed:
+            raise GradScopeError(f"the recording {self.path} is closed")
+        self._pending.append(_Described(tuple(infos)))
+
     def flush(self, timeout: float | None = 30.0) -> None:
         """Commit everything queued so far; returns when it is on disk (or on timeout)."""
         if self._closed:
@@ -403,6 +429,8 @@ class RecordingWriter:
                         markers.append(item)
                     elif isinstance(item, _Info):
                         batch.info.append((item.key, item.value))
+                    elif isinstance(item, _Described):
+                        self._statistics.describe(item.infos, batch.statistics)
                     elif isinstance(item, _Rewind):
                         self._commit(batch)
                         batch = _Batch()
@@ -569,6 +597,7 @@ class RecordingWriter:
         param_set, param_count = self._param_set(batch, layers)
         if stats.param_grad_norm is not None and len(stats.param_grad_norm) == param_count:
             batch.param_norms.append((row, param_set, _to_float32(stats.param_grad_norm).tobytes()))
+        self._statistics.pack(stats, row, len(positions), batch.statistics, batch.figures)
         values = batch.values
         packed = statistic_rows(stats)
         values["grad_norm"].append((row, packed[0].tobytes()))
@@ -702,6 +731,7 @@ class RecordingWriter:
                 connection.executemany(
                     "INSERT INTO param_sets(id, positions) VALUES (?,?)", batch.param_sets
                 )
+            write_rows(connection, batch.statistics, batch.figures)
             if batch.steps:
                 connection.executemany(
                     "INSERT INTO steps(row, step, layer_set, loss, total_grad_norm, flags, "

@@ -555,11 +555,15 @@ class RunHistory:
     # -- reading -----------------------------------------------------------------------
     def series(self, statistic: str, layer: str) -> np.ndarray:
         """A view of one layer's values over the recorded steps (MISSING where unwatched)."""
-        return self._stats[statistic][: self.count, self._column[layer]]
+        return self.matrix(statistic)[:, self._column[layer]]
 
     def matrix(self, statistic: str) -> np.ndarray:
-        """A view, steps x layers, of one statistic."""
-        return self._stats[statistic][: self.count, : len(self.layer_names)]
+        """A view, steps x layers, of one statistic. A named statistic this history never
+        held (another run's, compared with it) is MISSING throughout."""
+        values = self._stats.get(statistic)
+        if values is None:
+            return np.full((self.count, len(self.layer_names)), MISSING, dtype=np.float32)
+        return values[: self.count, : len(self.layer_names)]
 
     def status_matrix(self) -> np.ndarray:
         return self._status[: self.count, : len(self.layer_names)]

@@ -361,6 +361,8 @@ def _run_one_process(args: argparse.Namespace) -> int:
                 [layer.type_name for layer in layers],
                 [layer.num_params for layer in layers],
             )
+            # Named statistics' labels and schedules, for the report's "statistics".
+            history.describe_statistics(getattr(runner.watch, "statistic_infos", None) or ())
         progress = _Progress(settings.steps)
         try:
             for result in runner.run():

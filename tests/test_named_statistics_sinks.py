@@ -23,7 +23,7 @@ import gradscope
 from gradscope.cli import main
 from gradscope.core.export.tensorboard_sink import TensorBoardSink
 from gradscope.core.facts import StatisticInfo
-from gradscope.core.history import RunHistory
+from gradscope.core.history import MISSING, RunHistory
 from gradscope.core.module_tree import build_module_tree
 from gradscope.core.recording import FORMAT_VERSION, RecordingReader, RecordingWriter
 
@@ -125,7 +125,7 @@ def test_history_keeps_named_figures_sparse_and_by_name():
 
 def test_recording_round_trip_of_named_figures(tmp_path):
     path = tmp_path / "run.gsrec"
-    _, expected = _record(path)
+    layers, expected = _record(path)
     with RecordingReader(path) as reader:
         assert reader.format_version == FORMAT_VERSION == 3
         _, history = reader.load()
@@ -146,6 +146,12 @@ def test_recording_round_trip_of_named_figures(tmp_path):
     assert len(kept) < STEPS
     _close(decimated.matrix("grad_rms"), [expected["grad_rms"][s] for s in kept])
     assert decimated.figure_due("out_rms").tolist() == [s % 2 == 0 for s in kept.tolist()]
+    # One layer's named statistic alone, read lazily (MISSING where it was not due).
+    with RecordingReader(path) as reader:
+        steps, values = reader.read_statistic("out_rms", layers[1].name)
+    assert steps.tolist() == list(range(STEPS))
+    _close(values[::2, None], [row[1:2] for row in expected["out_rms"][::2]])
+    assert (values[1::2] == MISSING).all()
 
 
 def test_follow_mode_and_rewind_carry_named_figures(tmp_path):

@@ -550,13 +550,21 @@ class RecordingReader:
         stop_row: int | None = None,
         stride: int = 1,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """One layer's ``statistic`` (or ``"status"``) over rows ``start_row:stop_row:stride``
-        at full resolution, without loading anything else: ``(steps, values)``, with
-        ``MISSING`` (``STATUS_MISSING`` for status) where the layer was not watched."""
+        """One layer's ``statistic`` (or ``"status"``, or a named statistic) over rows
+        ``start_row:stop_row:stride`` at full resolution, without loading anything else:
+        ``(steps, values)``, with ``MISSING`` (``STATUS_MISSING`` for status) where the layer
+        was not watched (or a named statistic not due)."""
+        joined = f"{statistic} AS v ON v.row = s.row"
         if statistic not in (*STATISTICS, "status"):
-            raise GradScopeError(
-                f"unknown statistic {statistic!r}; one of {', '.join((*STATISTICS, 'status'))}"
-            )
+            try:
+                self._statistics.refresh()
+            except (sqlite3.DatabaseError, *_DAMAGE) as error:
+                raise _damaged(self.path, error) from None
+            known = (*STATISTICS, "status", *self._statistics.names)
+            if statistic not in known:
+                raise GradScopeError(f"unknown statistic {statistic!r}; one of {', '.join(known)}")
+            position = self._statistics.names.index(statistic)
+            joined = f"figures AS v ON v.row = s.row AND v.statistic = {position}"
         self._refresh_layers()
         if layer not in self._layer_names:
             raise GradScopeError(f"the recording has no layer {layer!r}")
@@ -588,7 +596,7 @@ class RecordingReader:
                     # Only the layer's 4 bytes of each step's BLOB leave SQLite.
                     found = connection.execute(
                         f"SELECT s.row, substr(v.data, ?, ?) FROM steps AS s "
-                        f"JOIN {statistic} AS v ON v.row = s.row "
+                        f"JOIN {joined} "
                         f"WHERE s.layer_set = ? AND {window} ORDER BY s.row",
                         (int(hits[0]) * size + 1, size, set_id, *bounds),
                     ).fetchall()

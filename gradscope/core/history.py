@@ -117,6 +117,96 @@ def status_onsets(
     return events
 
 
+class StatusOnsets:
+    """The one computation of status onsets, for the history and the recording writer alike:
+    each layer's status at the last step that measured it (ok before any), by name, and the
+    events (:func:`status_onsets`) of the layers whose status turned bad since. A vanishing
+    onset says why the gradient is tiny where the engine saw it (``StepStats.tiny_reasons``).
+
+    ``key``: an object that stands for ``names`` (the writer's layer list) while it is the
+    same object, so a step of the same layers looks no name up."""
+
+    def __init__(self) -> None:
+        self._column: dict[str, int] = {}
+        self._previous = np.zeros(0, dtype=np.uint8)
+        self._key: object = None
+        self._key_columns = np.zeros(0, dtype=np.intp)
+
+    def _columns(self, names: Sequence[str], key: object = None) -> np.ndarray:
+        if key is not None and key is self._key:
+            return self._key_columns
+        for name in names:
+            if name not in self._column:
+                self._column[name] = len(self._column)
+        if len(self._column) > len(self._previous):
+            grown = np.full(len(self._column), STATUS_OK, dtype=np.uint8)
+            grown[: len(self._previous)] = self._previous
+            self._previous = grown
+        columns = np.fromiter((self._column[n] for n in names), dtype=np.intp, count=len(names))
+        if key is not None:
+            self._key, self._key_columns = key, columns
+        return columns
+
+    def before(self, names: Sequence[str], key: object = None) -> np.ndarray:
+        """The layers' statuses at their last step."""
+        columns = self._columns(names, key)
+        return self._previous[columns]
+
+    def set(self, names: Sequence[str], status: np.ndarray, key: object = None) -> None:
+        """The layers' statuses now (the last step read back from a recording, a rewind)."""
+        columns = self._columns(names, key)  # first: it may grow ``_previous``
+        self._previous[columns] = status
+
+    def forget(self) -> None:
+        """Every layer back to ok (a rewind to the start)."""
+        self._previous[:] = STATUS_OK
+
+    def step(
+        self,
+        step: int,
+        names: Sequence[str],
+        status: np.ndarray,
+        grad_norm: np.ndarray,
+        tiny_reasons: dict[str, str] | None = None,
+        key: object = None,
+    ) -> list[Event]:
+        """The onsets of one step, which becomes each layer's last."""
+        columns = self._columns(names, key)
+        status = np.asarray(status, dtype=np.uint8)
+        onsets = status_onsets(step, names, status, self._previous[columns], grad_norm)
+        self._previous[columns] = status
+        return _with_reasons(onsets, tiny_reasons)
+
+    def steps(
+        self, names: Sequence[str], all_stats: Sequence[StepStats], status: np.ndarray
+    ) -> list[Event]:
+        """The onsets of several steps of the same layers (``status``: steps x layers), in
+        one numpy comparison: only the steps whose statuses differ from the step before
+        need a look."""
+        columns = self._columns(names)
+        before = np.empty_like(status)
+        before[0] = self._previous[columns]
+        before[1:] = status[:-1]
+        events: list[Event] = []
+        for row in np.flatnonzero(((status != before) & is_flagged(status)).any(axis=1)):
+            stats = all_stats[row]
+            onsets = status_onsets(stats.step, names, status[row], before[row], stats.grad_norm)
+            events.extend(_with_reasons(onsets, stats.tiny_reasons))
+        self._previous[columns] = status[-1]
+        return events
+
+
+def _with_reasons(onsets: list[Event], reasons: dict[str, str] | None) -> list[Event]:
+    if not reasons:
+        return onsets
+    return [
+        dataclasses.replace(e, message=f"{e.message}; why: {reasons[e.layer]}")
+        if e.kind == "vanishing" and e.layer in reasons
+        else e
+        for e in onsets
+    ]
+
+
 def owner_layers(
     param_names: Sequence[str], layer_param_names: Sequence[Sequence[str]], layers: Sequence[str]
 ) -> list[str]:
@@ -312,7 +402,8 @@ class RunHistory:
         self.first_nonfinite: Origin | None = None
         # Every NaN/Inf episode's origin, in order (the first is ``first_nonfinite``).
         self.origins: list[Origin] = []
-        self._previous_status: dict[str, int] = {}
+        # Each layer's last status, for the onsets of the next step.
+        self.onsets = StatusOnsets()
         # Why a layer's gradient is tiny, where the engine saw it (StepStats.tiny_reasons).
         self.tiny_reasons: dict[str, str] = {}
 
@@ -473,16 +564,10 @@ class RunHistory:
         status = np.stack([stats.status for stats in all_stats])
         self._status[rows, columns] = status
         self.worst_status[columns] = np.maximum(self.worst_status[columns], status.max(axis=0))
-        # Onsets: only the steps whose statuses differ from the step before need a look.
-        before = np.empty_like(status)
-        before[0] = [self._previous_status.get(name, STATUS_OK) for name in layer_names]
-        before[1:] = status[:-1]
-        for row in np.flatnonzero(((status != before) & is_flagged(status)).any(axis=1)):
-            step, stats = steps[row][0], all_stats[row]
-            self.events.extend(
-                status_onsets(step, layer_names, status[row], before[row], stats.grad_norm)
-            )
-        self._previous_status.update(zip(layer_names, status[-1].tolist(), strict=True))
+        for stats in all_stats:
+            if stats.tiny_reasons:
+                self.tiny_reasons.update(stats.tiny_reasons)
+        self.events.extend(self.onsets.steps(layer_names, all_stats, status))
         if param_names is not None and all(
             len(stats.param_grad_norm) == len(param_names) for stats in all_stats
         ):
@@ -534,23 +619,11 @@ class RunHistory:
         norms.add(rows[wanted], columns, np.stack([s.param_grad_norm for s in chosen]))
 
     def _note_onsets(self, step: int, names: Sequence[str], stats: StepStats) -> None:
-        before = np.fromiter(
-            (self._previous_status.get(name, STATUS_OK) for name in names),
-            dtype=np.uint8,
-            count=len(names),
+        if stats.tiny_reasons:
+            self.tiny_reasons.update(stats.tiny_reasons)
+        self.events.extend(
+            self.onsets.step(step, names, stats.status, stats.grad_norm, stats.tiny_reasons)
         )
-        onsets = status_onsets(step, names, stats.status, before, stats.grad_norm)
-        reasons = stats.tiny_reasons or {}
-        if reasons:
-            self.tiny_reasons.update(reasons)
-            onsets = [
-                dataclasses.replace(e, message=f"{e.message}; why: {reasons[e.layer]}")
-                if e.kind == "vanishing" and e.layer in reasons
-                else e
-                for e in onsets
-            ]
-        self.events.extend(onsets)
-        self._previous_status.update(zip(names, stats.status.tolist(), strict=True))
 
     # -- reading -----------------------------------------------------------------------
     def series(self, statistic: str, layer: str) -> np.ndarray:
@@ -670,12 +743,10 @@ class RunHistory:
         measured = np.where(status == STATUS_MISSING, 0, status)
         worst = measured.max(axis=0) if keep else np.zeros(len(self.layer_names), np.uint8)
         self.worst_status[: len(self.layer_names)] = worst
-        self._previous_status = {
-            name: int(status[keep - 1, i])
-            if keep and status[keep - 1, i] != STATUS_MISSING
-            else STATUS_OK
-            for i, name in enumerate(self.layer_names)
-        }
+        self.onsets.forget()
+        if keep:
+            last = status[keep - 1]
+            self.onsets.set(self.layer_names, np.where(last == STATUS_MISSING, STATUS_OK, last))
 
     def nbytes(self) -> int:
         return (

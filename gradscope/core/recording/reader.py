@@ -460,8 +460,8 @@ class RecordingReader:
         for set_id in sorted(groups, key=lambda s: groups[s][0][-1]):
             members, layer_columns = groups[set_id]
             last_row = history._status[start + members[-1]]
-            for column in layer_columns.tolist():
-                history._previous_status[history.layer_names[column]] = int(last_row[column])
+            names = [history.layer_names[column] for column in layer_columns.tolist()]
+            history.onsets.set(names, last_row[layer_columns])
         history.count = end
         if follow:
             self.loss_recorded = np.concatenate([self.loss_recorded, loss_given])

@@ -38,17 +38,16 @@ from gradscope._version import __version__
 from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import (
     STATUS_FROZEN,
-    STATUS_OK,
     LayerInfo,
     Origin,
     StatisticInfo,
     StepStats,
 )
 from gradscope.core.history import (
+    StatusOnsets,
     _to_float32,
     owner_layers,
     statistic_rows,
-    status_onsets,
 )
 from gradscope.core.module_tree import ModuleTree
 from gradscope.core.recording.disk_full import disk_full_message, is_disk_full
@@ -177,7 +176,7 @@ class RecordingWriter:
         self._param_positions: dict[str, int] = {}
         self._param_set_ids: dict[tuple[str, ...], tuple[int, int]] = {}
         self._last_param_set: tuple[Sequence[LayerInfo] | None, tuple[int, int]] = (None, (-1, 0))
-        self._previous_status = np.zeros(0, dtype=np.uint8)
+        self._onsets = StatusOnsets()
         self._worst = np.zeros(0, dtype=np.uint8)
         self._statistics = StatisticWriter()
         self.thread_seconds = 0.0  # CPU time the writer thread spent (for the benchmark)
@@ -498,12 +497,6 @@ class RecordingWriter:
                 self._worst = np.concatenate(
                     [self._worst, np.zeros(count - len(self._worst), dtype=np.uint8)]
                 )
-                self._previous_status = np.concatenate(
-                    [
-                        self._previous_status,
-                        np.full(count - len(self._previous_status), STATUS_OK, dtype=np.uint8),
-                    ]
-                )
             positions = np.fromiter(
                 (self._positions[n] for n in names), dtype=np.int32, count=len(names)
             )
@@ -615,12 +608,12 @@ class RecordingWriter:
                     np.asarray(stats.inf_count, dtype=np.int64).tobytes(),
                 )
             )
-        # Status onsets, exactly as RunHistory notes them.
+        # Status onsets, as RunHistory notes them (the same StatusOnsets).
         names = [layer.name for layer in layers]
-        before = self._previous_status[positions]
-        for event in status_onsets(step, names, status, before, stats.grad_norm):
+        for event in self._onsets.step(
+            step, names, status, stats.grad_norm, stats.tiny_reasons, key=layers
+        ):
             batch.events.append((row, step, event.kind, event.layer, event.message))
-        self._previous_status[positions] = status
         self._worst[positions] = np.maximum(self._worst[positions], status)
         if origin is not None:
             batch.events.append((row, step, "origin", origin.module, origin.describe()))
@@ -675,7 +668,7 @@ class RecordingWriter:
                 for set_id, blob in connection.execute("SELECT id, positions FROM layer_sets")
             }
             self._worst[:] = STATUS_FROZEN  # the lowest: any status seen replaces it
-            self._previous_status[:] = STATUS_OK
+            self._onsets.forget()
             last: tuple[np.ndarray, np.ndarray] | None = None
             for set_id, blob in connection.execute(
                 "SELECT s.layer_set, v.data FROM steps AS s JOIN status AS v ON v.row = s.row "
@@ -685,7 +678,8 @@ class RecordingWriter:
                 self._worst[positions] = np.maximum(self._worst[positions], status)
                 last = (positions, status)
             if last is not None:
-                self._previous_status[last[0]] = last[1]
+                by_position = dict(zip(self._positions.values(), self._positions, strict=True))
+                self._onsets.set([by_position[p] for p in last[0].tolist()], last[1])
             self._next_row = int(cut_row)
             connection.executemany(
                 "UPDATE meta SET value = ? WHERE key = ?",

@@ -11,17 +11,27 @@ the batch at step 5 (the weights cleaned with ``nan_to_num_`` after it).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 from gradscope.cli import main
 from gradscope.core.recording import RecordingReader
 
 DATA = Path(__file__).parent / "data"
-OLD = DATA / "v2_recording.gsrec"
 
 
-def test_format_2_recording_opens_with_its_steps():
-    with RecordingReader(OLD) as reader:
+@pytest.fixture
+def old(tmp_path) -> Path:
+    """A copy: a reader of a WAL-mode file makes its -shm and -wal beside it."""
+    copy = tmp_path / "v2_recording.gsrec"
+    shutil.copyfile(DATA / "v2_recording.gsrec", copy)
+    return copy
+
+
+def test_format_2_recording_opens_with_its_steps(old):
+    with RecordingReader(old) as reader:
         assert reader.format_version == 2
         _, history = reader.load()
     assert history.count == 8
@@ -29,9 +39,9 @@ def test_format_2_recording_opens_with_its_steps():
     assert history.first_nonfinite is not None and history.first_nonfinite.step == 5
 
 
-def test_format_2_recording_reports_json_and_csv_as_before(tmp_path):
+def test_format_2_recording_reports_json_and_csv_as_before(old, tmp_path):
     report, table = tmp_path / "report.json", tmp_path / "steps.csv"
-    assert main(["report", str(OLD), "--json", str(report), "--csv", str(table)]) == 0
+    assert main(["report", str(old), "--json", str(report), "--csv", str(table)]) == 0
     expected = json.loads((DATA / "v2_recording.report.json").read_text(encoding="utf-8"))
     assert json.loads(report.read_text(encoding="utf-8")) == expected
     assert table.read_text(encoding="utf-8") == (DATA / "v2_recording.csv").read_text(

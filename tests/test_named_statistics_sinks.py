@@ -261,3 +261,23 @@ def test_recording_without_descriptions_keeps_names(tmp_path):
         assert reader.statistic_infos == []
     assert history.statistic_info("out_rms").shown_as == "out_rms"
     assert history.figure_due("out_rms").tolist() == [s % 2 == 0 for s in range(STEPS)]
+
+
+def test_a_damaged_named_statistic_is_one_clear_message(tmp_path):
+    import sqlite3
+
+    from gradscope.core.errors import GradScopeError
+
+    for damage, said in (
+        ("DROP TABLE figures", "lacks the tables figures"),
+        ("UPDATE figures SET data = 'text' WHERE row = 1", "grad_rms values is text"),
+        ("UPDATE figures SET statistic = 7 WHERE row = 2 AND statistic = 0", "does not describe"),
+    ):
+        path = tmp_path / f"run{len(said)}.gsrec"
+        _record(path)
+        with sqlite3.connect(path) as connection:
+            connection.execute(damage)
+        with pytest.raises(GradScopeError, match="is damaged") as raised:
+            with RecordingReader(path) as reader:
+                reader.load()
+        assert said in str(raised.value)

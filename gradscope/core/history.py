@@ -147,11 +147,6 @@ class StatusOnsets:
             self._key, self._key_columns = key, columns
         return columns
 
-    def before(self, names: Sequence[str], key: object = None) -> np.ndarray:
-        """The layers' statuses at their last step."""
-        columns = self._columns(names, key)
-        return self._previous[columns]
-
     def set(self, names: Sequence[str], status: np.ndarray, key: object = None) -> None:
         """The layers' statuses now (the last step read back from a recording, a rewind)."""
         columns = self._columns(names, key)  # first: it may grow ``_previous``
@@ -178,7 +173,11 @@ class StatusOnsets:
         return _with_reasons(onsets, tiny_reasons)
 
     def steps(
-        self, names: Sequence[str], all_stats: Sequence[StepStats], status: np.ndarray
+        self,
+        steps: Sequence[int],
+        names: Sequence[str],
+        all_stats: Sequence[StepStats],
+        status: np.ndarray,
     ) -> list[Event]:
         """The onsets of several steps of the same layers (``status``: steps x layers), in
         one numpy comparison: only the steps whose statuses differ from the step before
@@ -190,7 +189,7 @@ class StatusOnsets:
         events: list[Event] = []
         for row in np.flatnonzero(((status != before) & is_flagged(status)).any(axis=1)):
             stats = all_stats[row]
-            onsets = status_onsets(stats.step, names, status[row], before[row], stats.grad_norm)
+            onsets = status_onsets(steps[row], names, status[row], before[row], stats.grad_norm)
             events.extend(_with_reasons(onsets, stats.tiny_reasons))
         self._previous[columns] = status[-1]
         return events
@@ -567,7 +566,8 @@ class RunHistory:
         for stats in all_stats:
             if stats.tiny_reasons:
                 self.tiny_reasons.update(stats.tiny_reasons)
-        self.events.extend(self.onsets.steps(layer_names, all_stats, status))
+        numbers = [step for step, _, _, _ in steps]
+        self.events.extend(self.onsets.steps(numbers, layer_names, all_stats, status))
         if param_names is not None and all(
             len(stats.param_grad_norm) == len(param_names) for stats in all_stats
         ):

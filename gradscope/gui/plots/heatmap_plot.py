@@ -30,6 +30,7 @@ from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import LEFT_AXIS_WIDTH, make_plot_widget
 from gradscope.gui.plots.statistic_choice import (
+    DETAIL_ONLY,
     StatisticSelector,
 )
 from gradscope.gui.plots.step_zoom import StepZoomViewBox
@@ -234,6 +235,8 @@ class HeatmapPlot(QWidget):
         text = (
             (
                 "not measured (no detail on this step)"
+                if self.statistic in DETAIL_ONLY
+                else "not measured (not due at this step)"
                 if self.statistic_selector.points_only(self.statistic)
                 else "not watched"
             )

@@ -369,6 +369,8 @@ def _run_one_process(args: argparse.Namespace) -> int:
                 [layer.type_name for layer in layers],
                 [layer.num_params for layer in layers],
             )
+            # Named statistics' labels and schedules, for the report's "statistics".
+            history.describe_statistics(getattr(runner.watch, "statistic_infos", None) or ())
         progress = _Progress(settings.steps)
         try:
             for result in runner.run():
@@ -814,6 +816,12 @@ def open_command(argv: Sequence[str]) -> int:
         "compare", nargs="*", help="more recordings, drawn on the same axes to compare runs"
     )
     parser.add_argument("--screenshot", metavar="PNG", help="save a screenshot and exit")
+    parser.add_argument(
+        "--statistic",
+        metavar="NAME",
+        help="the statistic the gradient-norm plot shows: grad_norm, max_abs, weight_norm, "
+        "update_ratio, param_grad_norm or a named one the recording holds (its name)",
+    )
     args = parser.parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
     from gradscope.core.recording import RecordingReader
@@ -837,7 +845,9 @@ def open_command(argv: Sequence[str]) -> int:
         # message here, not a dialog after the window opened.
         for each in (path, *args.compare):
             with RecordingReader(each) as reader:
-                reader.load(max_rows=_OPEN_CHECK_ROWS)
+                _, history = reader.load(max_rows=_OPEN_CHECK_ROWS)
+            if each == path and args.statistic is not None:
+                _check_statistic(args.statistic, [*history.statistic_names, "param_grad_norm"])
     except GradScopeError as error:
         _print_error(error)
         return EXIT_BAD_INPUT
@@ -850,7 +860,18 @@ def open_command(argv: Sequence[str]) -> int:
         screenshot=args.screenshot,
         recording=path,
         compare=list(args.compare),
+        statistic=args.statistic,
     )
+
+
+def _check_statistic(name: str, held: list[str]) -> None:
+    if name not in held:
+        from gradscope.core.errors import GradScopeError
+
+        raise GradScopeError(
+            f"--statistic {name}: the recording holds no statistic of that name; it holds "
+            f"{', '.join(held)}"
+        )
 
 
 def _attach_parser() -> argparse.ArgumentParser:

@@ -89,3 +89,36 @@ def test_the_watch_says_why_a_layer_turned_vanishing_in_events_report_and_tree()
     report = build_report("test", "cpu", history)
     layers = {entry["name"]: entry for entry in report["layers"]}
     assert "0.gamma" in layers["0.fc"]["why_tiny"] and layers["1"]["why_tiny"] is None
+
+
+def test_one_computation_of_onsets_the_history_batched_and_the_recording_agree(tmp_path):
+    """History.append, History.extend (the app's batches) and the recording writer note the
+    same onsets, the vanishing one with its reason (StatusOnsets, one computation)."""
+    import gradscope
+    from gradscope.core.history import RunHistory
+    from gradscope.core.recording import RecordingReader, RecordingWriter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_ScaledBlock(), nn.Linear(4, 1))
+    watch = gradscope.watch(model, layers=["0.fc", "1"])
+    names = [layer.name for layer in watch.layers]
+    collected = []
+    for _ in range(5):
+        model.zero_grad()
+        loss = model(torch.randn(8, 4)).square().mean()
+        loss.backward()
+        collected.append(watch.collect(loss))
+    appended, batched = RunHistory(), RunHistory()
+    path = tmp_path / "run.gsrec"
+    with RecordingWriter(path) as writer:
+        for stats in collected:
+            appended.append(stats.step, stats.loss, stats, names)
+            writer.append(stats, watch.layers)
+    batched.extend([(s.step, s.loss, s, None) for s in collected], names)
+    with RecordingReader(path) as reader:
+        _, recorded = reader.load()
+    onsets = [e for e in appended.events if e.kind == "vanishing"]
+    assert onsets and "why: 0.gamma after it" in onsets[0].message
+    assert batched.events == appended.events
+    assert recorded.events == appended.events
+    assert batched.tiny_reasons == appended.tiny_reasons

@@ -5,6 +5,11 @@ when full, so appending is amortised O(layers). A cell of a step in which the la
 watched holds ``MISSING`` (-1: norms are never negative), never NaN, because NaN is a real
 value here. Values are float32 (4 bytes per layer, step and statistic); finite values beyond
 float32's range saturate at its maximum rather than turning into a false Inf.
+
+Statistics beyond the built-in ones (``StepStats.figures``, a user's ``gradscope.Statistic``)
+are kept by name beside them, with the steps each was due at (``figure_due``): such a
+statistic may be negative, so its MISSING cells are only what the plots skip, and the exact
+sinks (report, CSV, TensorBoard) ask ``figure_measured`` instead.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from gradscope.core.facts import (
     STATUS_NONFINITE,
     STATUS_OK,
     Origin,
+    StatisticInfo,
     StepStats,
     is_flagged,
 )
@@ -54,6 +60,15 @@ class Event:
     kind: str  # "exploding", "vanishing", "nonfinite" or "origin"
     layer: str | None
     message: str
+
+
+def named_figures(stats: StepStats) -> dict[str, np.ndarray]:
+    """The step's figures of statistics beyond the built-in ones (those keep their own
+    fields and tables, so a built-in's name in ``figures`` is not kept twice)."""
+    figures = stats.figures
+    if not figures:
+        return {}
+    return {name: values for name, values in figures.items() if name not in STATISTICS}
 
 
 def statistic_rows(stats: StepStats) -> np.ndarray:
@@ -100,6 +115,95 @@ def status_onsets(
                 Event(step, label, name, f"step {step}: {name or '(model)'} {label}{detail}")
             )
     return events
+
+
+class StatusOnsets:
+    """The one computation of status onsets, for the history and the recording writer alike:
+    each layer's status at the last step that measured it (ok before any), by name, and the
+    events (:func:`status_onsets`) of the layers whose status turned bad since. A vanishing
+    onset says why the gradient is tiny where the engine saw it (``StepStats.tiny_reasons``).
+
+    ``key``: an object that stands for ``names`` (the writer's layer list) while it is the
+    same object, so a step of the same layers looks no name up."""
+
+    def __init__(self) -> None:
+        self._column: dict[str, int] = {}
+        self._previous = np.zeros(0, dtype=np.uint8)
+        self._key: object = None
+        self._key_columns = np.zeros(0, dtype=np.intp)
+
+    def _columns(self, names: Sequence[str], key: object = None) -> np.ndarray:
+        if key is not None and key is self._key:
+            return self._key_columns
+        for name in names:
+            if name not in self._column:
+                self._column[name] = len(self._column)
+        if len(self._column) > len(self._previous):
+            grown = np.full(len(self._column), STATUS_OK, dtype=np.uint8)
+            grown[: len(self._previous)] = self._previous
+            self._previous = grown
+        columns = np.fromiter((self._column[n] for n in names), dtype=np.intp, count=len(names))
+        if key is not None:
+            self._key, self._key_columns = key, columns
+        return columns
+
+    def set(self, names: Sequence[str], status: np.ndarray, key: object = None) -> None:
+        """The layers' statuses now (the last step read back from a recording, a rewind)."""
+        columns = self._columns(names, key)  # first: it may grow ``_previous``
+        self._previous[columns] = status
+
+    def forget(self) -> None:
+        """Every layer back to ok (a rewind to the start)."""
+        self._previous[:] = STATUS_OK
+
+    def step(
+        self,
+        step: int,
+        names: Sequence[str],
+        status: np.ndarray,
+        grad_norm: np.ndarray,
+        tiny_reasons: dict[str, str] | None = None,
+        key: object = None,
+    ) -> list[Event]:
+        """The onsets of one step, which becomes each layer's last."""
+        columns = self._columns(names, key)
+        status = np.asarray(status, dtype=np.uint8)
+        onsets = status_onsets(step, names, status, self._previous[columns], grad_norm)
+        self._previous[columns] = status
+        return _with_reasons(onsets, tiny_reasons)
+
+    def steps(
+        self,
+        steps: Sequence[int],
+        names: Sequence[str],
+        all_stats: Sequence[StepStats],
+        status: np.ndarray,
+    ) -> list[Event]:
+        """The onsets of several steps of the same layers (``status``: steps x layers), in
+        one numpy comparison: only the steps whose statuses differ from the step before
+        need a look."""
+        columns = self._columns(names)
+        before = np.empty_like(status)
+        before[0] = self._previous[columns]
+        before[1:] = status[:-1]
+        events: list[Event] = []
+        for row in np.flatnonzero(((status != before) & is_flagged(status)).any(axis=1)):
+            stats = all_stats[row]
+            onsets = status_onsets(steps[row], names, status[row], before[row], stats.grad_norm)
+            events.extend(_with_reasons(onsets, stats.tiny_reasons))
+        self._previous[columns] = status[-1]
+        return events
+
+
+def _with_reasons(onsets: list[Event], reasons: dict[str, str] | None) -> list[Event]:
+    if not reasons:
+        return onsets
+    return [
+        dataclasses.replace(e, message=f"{e.message}; why: {reasons[e.layer]}")
+        if e.kind == "vanishing" and e.layer in reasons
+        else e
+        for e in onsets
+    ]
 
 
 def owner_layers(
@@ -286,13 +390,19 @@ class RunHistory:
         self._stats: dict[str, np.ndarray] = {
             name: np.zeros((self._capacity, 0), dtype=np.float32) for name in STATISTICS
         }
+        # Named statistics beyond the built-ins (StepStats.figures), in the order first seen,
+        # their values in ``_stats`` and the rows each was due at; what a sink knows of them.
+        self.figure_names: list[str] = []
+        self._due: dict[str, np.ndarray] = {}
+        self.statistic_infos: dict[str, StatisticInfo] = {}
         self._status = np.zeros((self._capacity, 0), dtype=np.uint8)
         self.worst_status = np.zeros(0, dtype=np.uint8)
         self.events: list[Event] = []
         self.first_nonfinite: Origin | None = None
         # Every NaN/Inf episode's origin, in order (the first is ``first_nonfinite``).
         self.origins: list[Origin] = []
-        self._previous_status: dict[str, int] = {}
+        # Each layer's last status, for the onsets of the next step.
+        self.onsets = StatusOnsets()
         # Why a layer's gradient is tiny, where the engine saw it (StepStats.tiny_reasons).
         self.tiny_reasons: dict[str, str] = {}
 
@@ -331,8 +441,10 @@ class RunHistory:
             new[: self.count, : array.shape[1]] = array[: self.count]
             return new
 
-        for name in STATISTICS:
+        for name in self._stats:
             self._stats[name] = regrow(self._stats[name], MISSING)
+        for name in self._due:
+            self._due[name] = regrow(self._due[name], False)
         self._status = regrow(self._status, STATUS_MISSING)
         self.step_numbers = regrow(self.step_numbers, 0)
         self.loss = regrow(self.loss, 0.0)
@@ -378,6 +490,7 @@ class RunHistory:
             self._stats["weight_norm"][row, columns] = packed[2]
             if stats.update_ratio is not None:
                 self._stats["update_ratio"][row, columns] = _to_float32(stats.update_ratio)
+            self._add_figures(row, named_figures(stats), columns)
             self._status[row, columns] = stats.status
             self.worst_status[columns] = np.maximum(self.worst_status[columns], stats.status)
             self._note_onsets(step, layer_names, stats)
@@ -445,24 +558,48 @@ class RunHistory:
             for row, ratio in enumerate(ratios, start=self.count):
                 if ratio is not None:
                     self._stats["update_ratio"][row, columns] = _to_float32(ratio)
+        for row, stats in enumerate(all_stats, start=self.count):
+            self._add_figures(row, named_figures(stats), columns)
         status = np.stack([stats.status for stats in all_stats])
         self._status[rows, columns] = status
         self.worst_status[columns] = np.maximum(self.worst_status[columns], status.max(axis=0))
-        # Onsets: only the steps whose statuses differ from the step before need a look.
-        before = np.empty_like(status)
-        before[0] = [self._previous_status.get(name, STATUS_OK) for name in layer_names]
-        before[1:] = status[:-1]
-        for row in np.flatnonzero(((status != before) & is_flagged(status)).any(axis=1)):
-            step, stats = steps[row][0], all_stats[row]
-            self.events.extend(
-                status_onsets(step, layer_names, status[row], before[row], stats.grad_norm)
-            )
-        self._previous_status.update(zip(layer_names, status[-1].tolist(), strict=True))
+        for stats in all_stats:
+            if stats.tiny_reasons:
+                self.tiny_reasons.update(stats.tiny_reasons)
+        numbers = [step for step, _, _, _ in steps]
+        self.events.extend(self.onsets.steps(numbers, layer_names, all_stats, status))
         if param_names is not None and all(
             len(stats.param_grad_norm) == len(param_names) for stats in all_stats
         ):
             self._add_parameter_norms(self.count, all_stats, param_names, param_layers)
         self.count += count
+
+    def _add_figures(self, row: int, figures: dict[str, np.ndarray], columns: np.ndarray) -> None:
+        for name, values in figures.items():
+            if np.shape(values) != columns.shape:  # not one figure per layer: not this step's
+                continue
+            self.ensure_statistic(name)
+            self._stats[name][row, columns] = _to_float32(values)
+            self._due[name][row] = True
+
+    def ensure_statistic(self, name: str) -> None:
+        """Room for a named statistic (MISSING, and not due, at every step so far)."""
+        if name in self._stats:
+            return
+        self.figure_names.append(name)
+        self._stats[name] = np.full(
+            (self._capacity, self._layer_capacity), MISSING, dtype=np.float32
+        )
+        self._due[name] = np.zeros(self._capacity, dtype=bool)
+
+    def describe_statistics(self, infos: Sequence[StatisticInfo]) -> None:
+        """What the watch says of its statistics (labels, schedules), by name."""
+        for info in infos:
+            self.statistic_infos[info.name] = info
+
+    def statistic_info(self, name: str) -> StatisticInfo:
+        """What is known of statistic ``name`` (its name alone when nothing described it)."""
+        return self.statistic_infos.get(name) or StatisticInfo(name)
 
     def _add_parameter_norms(
         self,
@@ -482,35 +619,42 @@ class RunHistory:
         norms.add(rows[wanted], columns, np.stack([s.param_grad_norm for s in chosen]))
 
     def _note_onsets(self, step: int, names: Sequence[str], stats: StepStats) -> None:
-        before = np.fromiter(
-            (self._previous_status.get(name, STATUS_OK) for name in names),
-            dtype=np.uint8,
-            count=len(names),
+        if stats.tiny_reasons:
+            self.tiny_reasons.update(stats.tiny_reasons)
+        self.events.extend(
+            self.onsets.step(step, names, stats.status, stats.grad_norm, stats.tiny_reasons)
         )
-        onsets = status_onsets(step, names, stats.status, before, stats.grad_norm)
-        reasons = stats.tiny_reasons or {}
-        if reasons:
-            self.tiny_reasons.update(reasons)
-            onsets = [
-                dataclasses.replace(e, message=f"{e.message}; why: {reasons[e.layer]}")
-                if e.kind == "vanishing" and e.layer in reasons
-                else e
-                for e in onsets
-            ]
-        self.events.extend(onsets)
-        self._previous_status.update(zip(names, stats.status.tolist(), strict=True))
 
     # -- reading -----------------------------------------------------------------------
     def series(self, statistic: str, layer: str) -> np.ndarray:
         """A view of one layer's values over the recorded steps (MISSING where unwatched)."""
-        return self._stats[statistic][: self.count, self._column[layer]]
+        return self.matrix(statistic)[:, self._column[layer]]
 
     def matrix(self, statistic: str) -> np.ndarray:
-        """A view, steps x layers, of one statistic."""
-        return self._stats[statistic][: self.count, : len(self.layer_names)]
+        """A view, steps x layers, of one statistic. A named statistic this history never
+        held (another run's, compared with it) is MISSING throughout."""
+        values = self._stats.get(statistic)
+        if values is None:
+            return np.full((self.count, len(self.layer_names)), MISSING, dtype=np.float32)
+        return values[: self.count, : len(self.layer_names)]
 
     def status_matrix(self) -> np.ndarray:
         return self._status[: self.count, : len(self.layer_names)]
+
+    @property
+    def statistic_names(self) -> list[str]:
+        """Every statistic held: the built-in ones, then the named ones in order first seen."""
+        return [*STATISTICS, *self.figure_names]
+
+    def figure_due(self, name: str) -> np.ndarray:
+        """Per step, whether named statistic ``name`` was due (measured) at it."""
+        return self._due[name][: self.count]
+
+    def figure_measured(self, name: str) -> np.ndarray:
+        """Steps x layers: where named statistic ``name`` holds a value (due at the step,
+        and the layer watched at it), whatever the value (a negative one too)."""
+        watched = self.status_matrix() != STATUS_MISSING
+        return watched & self.figure_due(name)[:, None]
 
     def row_of_step(self, step: int) -> int | None:
         rows = np.flatnonzero(self.step_numbers[: self.count] == step)
@@ -569,8 +713,10 @@ class RunHistory:
         keep = int(np.searchsorted(self.step_numbers[: self.count], step, side="left"))
         # The forgotten rows go back to "not measured": the new branch's steps only write
         # the cells they measure (watched layers, an update ratio when there is one).
-        for name in STATISTICS:
+        for name in self._stats:
             self._stats[name][keep : self.count] = MISSING
+        for name in self._due:
+            self._due[name][keep : self.count] = False
         self._status[keep : self.count] = STATUS_MISSING
         self.total_grad_norm[keep : self.count] = 0.0
         self.loss_scale[keep : self.count] = 0.0
@@ -597,16 +743,15 @@ class RunHistory:
         measured = np.where(status == STATUS_MISSING, 0, status)
         worst = measured.max(axis=0) if keep else np.zeros(len(self.layer_names), np.uint8)
         self.worst_status[: len(self.layer_names)] = worst
-        self._previous_status = {
-            name: int(status[keep - 1, i])
-            if keep and status[keep - 1, i] != STATUS_MISSING
-            else STATUS_OK
-            for i, name in enumerate(self.layer_names)
-        }
+        self.onsets.forget()
+        if keep:
+            last = status[keep - 1]
+            self.onsets.set(self.layer_names, np.where(last == STATUS_MISSING, STATUS_OK, last))
 
     def nbytes(self) -> int:
         return (
             sum(a.nbytes for a in self._stats.values())
+            + sum(a.nbytes for a in self._due.values())
             + self._status.nbytes
             + self.parameter_norms.nbytes()
         )

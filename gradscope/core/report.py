@@ -7,6 +7,7 @@ NaN), and steps in which a layer was not watched as null.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -31,6 +32,15 @@ def json_number(value: float) -> float | str | None:
 
 def _series(values: np.ndarray) -> list[float | str | None]:
     return [None if v == MISSING else json_number(v) for v in values.tolist()]
+
+
+def _measured_series(values: np.ndarray, measured: np.ndarray) -> list[float | str | None]:
+    """A named statistic's values: null where it was not measured (not due, or the layer not
+    watched), whatever the value elsewhere (it may be negative)."""
+    return [
+        json_number(v) if seen else None
+        for v, seen in zip(values.tolist(), measured.tolist(), strict=True)
+    ]
 
 
 def _json_safe(value: Any) -> Any:
@@ -79,9 +89,12 @@ def build_report(
     ``finite_max_grad_norm`` the largest gradient norm before the layer's first NaN/Inf
     (null when there is none), kept beside a ``grad_norm`` series that holds the NaN, and
     ``why_tiny`` why its gradient is tiny where the engine saw it (a zero or tiny scale after
-    it in its block; null otherwise)."""
+    it in its block; null otherwise). Each named statistic (``gradscope.Statistic``) is a
+    series under its name, null on the steps it was not due; ``statistics`` (present when
+    there are any) says what the watch said of each (label, combine, every, source)."""
     layers = []
     applied = ~history.skipped[: history.count]
+    named = {name: history.figure_measured(name) for name in history.figure_names}
     for name, type_name, params in zip(
         history.layer_names, history.layer_types, history.layer_params, strict=True
     ):
@@ -100,6 +113,12 @@ def build_report(
         }
         for statistic in STATISTICS:
             entry[statistic] = _series(history.series(statistic, name))
+        column = history.column(name)
+        for statistic, measured in named.items():
+            entry.setdefault(
+                statistic,
+                _measured_series(history.series(statistic, name), measured[:, column]),
+            )
         layers.append(entry)
     watched = (history.status_matrix() != STATUS_MISSING).any(axis=1).tolist()
     total = history.total_grad_norm[: history.count].tolist()
@@ -120,7 +139,20 @@ def build_report(
         **mixed_precision_json(history),
         "error": None,
         "run_events": run_events(history),
+        **statistics_json(history),
         "layers": layers,
+    }
+
+
+def statistics_json(history: RunHistory) -> dict[str, Any]:
+    """``"statistics"``: the named statistics the layers' entries hold, with what is known
+    of each; absent when there are none (a report of an older recording is unchanged)."""
+    if not history.figure_names:
+        return {}
+    return {
+        "statistics": [
+            dataclasses.asdict(history.statistic_info(name)) for name in history.figure_names
+        ]
     }
 
 

@@ -108,10 +108,11 @@ def offer_reopen(window: Any, script: str, overrides: dict[str, Any],
 
 def launch(model: str | None, overrides: dict[str, Any], weights: str | None = None,
            screenshot: str | None = None, recording: str | None = None,
-           compare: list[str] | None = None) -> int:
+           compare: list[str] | None = None, statistic: str | None = None) -> int:
     """Open the window on ``model`` (or the last one, or the default sample), or on a
     ``recording`` (``gradscope open RECORDING``) with the ``compare`` recordings drawn on
-    the same axes."""
+    the same axes; ``statistic``: the one the gradient-norm plot shows (a built-in or one of
+    the recording's named statistics)."""
     from gradscope.gui.system_check import startup_problem
 
     problem = startup_problem()
@@ -163,6 +164,8 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     if recording is not None:
         if not window.recordings.open_recording(recording):
             exit_code["value"] = 2
+        elif statistic is not None:
+            window.plots.show_statistic(statistic, window.history)
         for other in compare or ():
             if not window.comparison.add_recording(other):
                 exit_code["value"] = 2

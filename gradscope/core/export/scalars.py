@@ -3,9 +3,10 @@
 ``gradscope/grad_norm/<layer>`` and ``gradscope/nonfinite/<layer>`` (0 or 1) at every step a
 layer is watched; ``gradscope/max_abs/<layer>``, ``gradscope/weight_norm/<layer>`` and
 ``gradscope/update_ratio/<layer>`` only where the watch measured them (detail steps);
-``gradscope/total_grad_norm`` at every step. NaN and Inf are kept as they are: a dashboard
-that drops them from its plot still has the ``nonfinite`` tag. The model's root (a layer
-named "") is ``(model)``.
+``gradscope/total_grad_norm`` at every step; ``gradscope/<name>/<layer>`` for each named
+statistic (``gradscope.Statistic``) at the steps it was due. NaN and Inf are kept as they
+are: a dashboard that drops them from its plot still has the ``nonfinite`` tag. The model's
+root (a layer named "") is ``(model)``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gradscope.core.facts import STATUS_NONFINITE
+from gradscope.core.history import named_figures
 
 if TYPE_CHECKING:
     from gradscope.core.facts import LayerInfo, StepStats
@@ -44,14 +46,14 @@ def step_scalars(
 ) -> dict[str, float]:
     """The tags and values of one step.
 
-    ``statistics`` maps each of :data:`LAYER_STATISTICS` to one value per layer of ``names``,
-    or None when the step did not measure it; ``nonfinite``: per layer, whether its status is
+    ``statistics`` maps each of :data:`LAYER_STATISTICS`, and any named statistic, to one
+    value per layer of ``names``, or None when the step did not measure it (a statistic
+    absent is not measured either); ``nonfinite``: per layer, whether its status is
     nonfinite; ``watched``: per layer, whether it was watched at this step (None: all), so
     that a layer added later has no made-up values before it."""
     rows = np.arange(len(names)) if watched is None else np.flatnonzero(watched)
     scalars: dict[str, float] = {f"{PREFIX}/total_grad_norm": float(total_grad_norm)}
-    for statistic in LAYER_STATISTICS:
-        values = statistics.get(statistic)
+    for statistic, values in statistics.items():
         if values is None:
             continue
         listed = np.asarray(values, dtype=np.float64).tolist()
@@ -64,7 +66,8 @@ def step_scalars(
 
 
 def stats_scalars(stats: StepStats, layers: list[LayerInfo]) -> dict[str, float]:
-    """A watch's step as scalars (the statistics the step did not measure are left out)."""
+    """A watch's step as scalars (the statistics the step did not measure are left out; a
+    named statistic is in ``stats.figures`` on the steps it was due)."""
     return step_scalars(
         [layer.name for layer in layers],
         stats.total_grad_norm,
@@ -73,6 +76,7 @@ def stats_scalars(stats: StepStats, layers: list[LayerInfo]) -> dict[str, float]
             "max_abs": stats.max_abs,
             "weight_norm": stats.weight_norm,
             "update_ratio": stats.update_ratio,
+            **named_figures(stats),
         },
         stats.status == STATUS_NONFINITE,
     )

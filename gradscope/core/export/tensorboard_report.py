@@ -27,6 +27,11 @@ def write_tensorboard(history: RunHistory, logdir: str | os.PathLike[str]) -> in
         names = list(history.layer_names)
         status = history.status_matrix()
         matrices = {statistic: history.matrix(statistic) for statistic in STATISTICS}
+        # Named statistics: by the steps they were due at (their values may be negative), a
+        # value for every layer watched at such a step.
+        named = {
+            name: (history.matrix(name), history.figure_due(name)) for name in history.figure_names
+        }
         steps = history.steps.tolist()
         totals = history.total_grad_norm[: history.count].tolist()
         for row, step in enumerate(steps):
@@ -37,10 +42,13 @@ def write_tensorboard(history: RunHistory, logdir: str | os.PathLike[str]) -> in
                 measured = watched & (values != MISSING)
                 # A step either measured a statistic for all its watched layers or none.
                 statistics[statistic] = values if measured.any() else None
+            built_in = dict(statistics)
+            for statistic, (matrix, due) in named.items():
+                statistics[statistic] = matrix[row] if due[row] else None
             scalars = step_scalars(
                 names, totals[row], statistics, status[row] == STATUS_NONFINITE, watched
             )
-            for statistic, values in statistics.items():
+            for statistic, values in built_in.items():
                 if values is not None:
                     for column in np.flatnonzero(watched & (values == MISSING)).tolist():
                         scalars.pop(layer_tag(statistic, names[column]), None)

@@ -22,6 +22,11 @@ Format (``FORMAT_VERSION`` in the ``meta`` table; a reader refuses newer version
   per step: each parameter's gradient norm as float32, ``StepStats.param_grad_norm``);
 - ``events`` (status onsets, the NaN/Inf origin, gaps) and ``origins`` (the first non-finite
   origin's full details as JSON);
+- ``statistics`` (each named statistic beyond the built-in ones: name, and what the watch
+  said of it, ``StatisticInfo``: label, combine, every, source; NULL where it said nothing)
+  and ``figures`` (one BLOB per step and statistic, on the steps it was due only: its
+  values for the step's layer set as float32, like the tables above). A new statistic is
+  a row of ``statistics``, never a schema change (version 3);
 - ``rewinds``: where the app rewound the run (``RecordingWriter.rewind_to``); the abandoned
   branch's rows are deleted, so step numbers never decrease from row to row, and a
   follower rewinds its history when it sees a new entry.
@@ -53,7 +58,9 @@ FORMAT_NAME = "gradscope-recording"
 # 2: status codes gained "frozen" (0) and "no gradient" (1) below ok (2), so that the worst
 # status is still the largest code, and "skipped" (3) for steps the loss scaler skips; version
 # 1's codes 0-3 (ok, vanishing, exploding, nonfinite) are read as 2, 4, 5, 6.
-FORMAT_VERSION = 2
+# 3: statistics stored by name (``statistics`` and ``figures``); versions 1 and 2 are read as
+# before, without them.
+FORMAT_VERSION = 3
 SUFFIX = ".gsrec"
 ORIGIN_WAIT_SECONDS = 5.0
 
@@ -97,6 +104,12 @@ CREATE TABLE params(
 CREATE TABLE param_sets(id INTEGER PRIMARY KEY, positions BLOB NOT NULL);
 CREATE TABLE param_grad_norm(
     row INTEGER PRIMARY KEY, param_set INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE statistics(
+    position INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, label TEXT, combine TEXT,
+    every INTEGER, source TEXT);
+CREATE TABLE figures(
+    row INTEGER NOT NULL, statistic INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (row, statistic)) WITHOUT ROWID;
 """
 _TABLES = (
     "meta",
@@ -117,6 +130,9 @@ _TABLES = (
 )
 # Tables a file written before they were added lacks (see the module docstring).
 OPTIONAL_TABLES = ("params", "param_sets", "param_grad_norm")
+# The named statistics' tables: in every file from version 3 on, in none before.
+FIGURE_TABLES = ("statistics", "figures")
+FIGURES_SINCE_VERSION = 3
 _ROW_TABLES = (
     "steps",
     "grad_norm",
@@ -128,6 +144,7 @@ _ROW_TABLES = (
     "events",
     "origins",
     "param_grad_norm",
+    "figures",
 )
 
 

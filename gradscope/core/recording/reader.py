@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.core.errors import GradScopeError
+from gradscope.core.facts import StatisticInfo
 from gradscope.core.history import (
     MISSING,
     STATISTICS,
@@ -37,6 +38,7 @@ from gradscope.core.recording.format import (
     status_codes,
 )
 from gradscope.core.recording.lock import _lock_is_held
+from gradscope.core.recording.named_statistics import StatisticReader
 from gradscope.core.recording.stored_values import (
     StoredValueError,
     blob,
@@ -121,6 +123,7 @@ class RecordingReader:
                 )
             }
             self.has_parameter_norms = all(t in tables for t in OPTIONAL_TABLES)
+            self._statistics = StatisticReader(self._connection, self.format_version, tables)
         except (sqlite3.DatabaseError, *_DAMAGE) as error:
             self._connection.close()
             raise _damaged(self.path, error) from None
@@ -178,6 +181,16 @@ class RecordingReader:
         """Steps recorded so far (committed ones)."""
         found = self._query("SELECT MAX(row) FROM steps")
         return 0 if found[0][0] is None else int(found[0][0]) + 1
+
+    @property
+    def statistic_infos(self) -> list[StatisticInfo]:
+        """What the watch said of the named statistics the recording holds (labels,
+        schedules); empty for a file written before statistics were stored by name."""
+        try:
+            self._statistics.refresh()
+        except (sqlite3.DatabaseError, *_DAMAGE) as error:
+            raise _damaged(self.path, error) from None
+        return list(self._statistics.infos.values())
 
     @property
     def layer_names(self) -> list[str]:
@@ -428,6 +441,7 @@ class RecordingReader:
 
         if self.has_parameter_norms:
             self._read_parameter_norms(history, rows, start, where, parameters)
+        self._statistics.read_block(history, rows, start, where, parameters, scatter)
 
         block_status = history._status[start:end][:, columns]
         if stride == 1:
@@ -446,8 +460,8 @@ class RecordingReader:
         for set_id in sorted(groups, key=lambda s: groups[s][0][-1]):
             members, layer_columns = groups[set_id]
             last_row = history._status[start + members[-1]]
-            for column in layer_columns.tolist():
-                history._previous_status[history.layer_names[column]] = int(last_row[column])
+            names = [history.layer_names[column] for column in layer_columns.tolist()]
+            history.onsets.set(names, last_row[layer_columns])
         history.count = end
         if follow:
             self.loss_recorded = np.concatenate([self.loss_recorded, loss_given])
@@ -536,13 +550,21 @@ class RecordingReader:
         stop_row: int | None = None,
         stride: int = 1,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """One layer's ``statistic`` (or ``"status"``) over rows ``start_row:stop_row:stride``
-        at full resolution, without loading anything else: ``(steps, values)``, with
-        ``MISSING`` (``STATUS_MISSING`` for status) where the layer was not watched."""
+        """One layer's ``statistic`` (or ``"status"``, or a named statistic) over rows
+        ``start_row:stop_row:stride`` at full resolution, without loading anything else:
+        ``(steps, values)``, with ``MISSING`` (``STATUS_MISSING`` for status) where the layer
+        was not watched (or a named statistic not due)."""
+        joined = f"{statistic} AS v ON v.row = s.row"
         if statistic not in (*STATISTICS, "status"):
-            raise GradScopeError(
-                f"unknown statistic {statistic!r}; one of {', '.join((*STATISTICS, 'status'))}"
-            )
+            try:
+                self._statistics.refresh()
+            except (sqlite3.DatabaseError, *_DAMAGE) as error:
+                raise _damaged(self.path, error) from None
+            known = (*STATISTICS, "status", *self._statistics.names)
+            if statistic not in known:
+                raise GradScopeError(f"unknown statistic {statistic!r}; one of {', '.join(known)}")
+            position = self._statistics.names.index(statistic)
+            joined = f"figures AS v ON v.row = s.row AND v.statistic = {position}"
         self._refresh_layers()
         if layer not in self._layer_names:
             raise GradScopeError(f"the recording has no layer {layer!r}")
@@ -574,7 +596,7 @@ class RecordingReader:
                     # Only the layer's 4 bytes of each step's BLOB leave SQLite.
                     found = connection.execute(
                         f"SELECT s.row, substr(v.data, ?, ?) FROM steps AS s "
-                        f"JOIN {statistic} AS v ON v.row = s.row "
+                        f"JOIN {joined} "
                         f"WHERE s.layer_set = ? AND {window} ORDER BY s.row",
                         (int(hits[0]) * size + 1, size, set_id, *bounds),
                     ).fetchall()

@@ -139,6 +139,7 @@ class RecordingSink:
             info=info,
         )
         self._held: tuple[StepStats, Any, Origin | None] | None = None
+        self._described = False
         # A model on the meta device (deferred init) gets its real device at to_empty().
         self._device = info["device"]
         # At exit, also write a step still held for its update ratio; a weak reference, so
@@ -156,6 +157,11 @@ class RecordingSink:
             if first is not None and first.device.type != "meta":
                 self._device = str(first.device)
                 self.writer.set_info("device", self._device)
+        if not self._described:
+            # Labels and schedules of the watch's statistics, by name (a watch that names
+            # none: its statistics are stored by the names they come with).
+            self._described = True
+            self.writer.describe_statistics(getattr(watch, "statistic_infos", None) or ())
         if self._held is not None:
             self.writer.append(*self._held[:2], origin=self._held[2])
             self._held = None

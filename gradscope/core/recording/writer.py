@@ -36,12 +36,18 @@ import numpy as np
 
 from gradscope._version import __version__
 from gradscope.core.errors import GradScopeError
-from gradscope.core.facts import STATUS_FROZEN, STATUS_OK, LayerInfo, Origin, StepStats
+from gradscope.core.facts import (
+    STATUS_FROZEN,
+    LayerInfo,
+    Origin,
+    StatisticInfo,
+    StepStats,
+)
 from gradscope.core.history import (
+    StatusOnsets,
     _to_float32,
     owner_layers,
     statistic_rows,
-    status_onsets,
 )
 from gradscope.core.module_tree import ModuleTree
 from gradscope.core.recording.disk_full import disk_full_message, is_disk_full
@@ -55,6 +61,7 @@ from gradscope.core.recording.format import (
     _SCHEMA,
     _TABLES,
     _VALUE_TABLES,
+    FIGURE_TABLES,
     FORMAT_NAME,
     FORMAT_VERSION,
     OPTIONAL_TABLES,
@@ -70,6 +77,7 @@ from gradscope.core.recording.lock import (
     _describe_writer,
     _lock_is_held,
 )
+from gradscope.core.recording.named_statistics import StatisticWriter, write_rows
 
 # -- writing ------------------------------------------------------------------------------
 _STOP = object()
@@ -84,6 +92,11 @@ class _Rewind:
 class _Info:
     key: str
     value: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Described:
+    infos: tuple[StatisticInfo, ...]
 
 
 class _Batch:
@@ -105,9 +118,12 @@ class _Batch:
         self.events: list[tuple[int, int, str, str | None, str]] = []
         self.origins: list[tuple[int, str]] = []
         self.info: list[tuple[str, str]] = []
+        # The named statistics (see named_statistics.py): described, and their figures.
+        self.statistics: list[tuple[Any, ...]] = []
+        self.figures: list[tuple[int, int, bytes]] = []
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self.steps) + len(self.statistics)
 
 
 class RecordingWriter:
@@ -160,8 +176,9 @@ class RecordingWriter:
         self._param_positions: dict[str, int] = {}
         self._param_set_ids: dict[tuple[str, ...], tuple[int, int]] = {}
         self._last_param_set: tuple[Sequence[LayerInfo] | None, tuple[int, int]] = (None, (-1, 0))
-        self._previous_status = np.zeros(0, dtype=np.uint8)
+        self._onsets = StatusOnsets()
         self._worst = np.zeros(0, dtype=np.uint8)
+        self._statistics = StatisticWriter()
         self.thread_seconds = 0.0  # CPU time the writer thread spent (for the benchmark)
         self._thread = threading.Thread(target=self._run, name="gradscope-recording", daemon=True)
         self._thread.start()
@@ -207,7 +224,7 @@ class RecordingWriter:
                             f"{path} already exists; choose a new file name or pass "
                             "overwrite=True to replace it"
                         )
-                    for table in (*_TABLES, *OPTIONAL_TABLES):
+                    for table in (*_TABLES, *OPTIONAL_TABLES, *FIGURE_TABLES):
                         connection.execute(f"DROP TABLE IF EXISTS {table}")
                 # (not executescript: it would commit the transaction first)
                 for statement in _SCHEMA.split(";"):
@@ -339,6 +356,14 @@ class RecordingWriter:
             raise GradScopeError(f"the recording {self.path} is closed")
         self._pending.append(_Info(f"info.{key}", str(value)))
 
+    def describe_statistics(self, infos: Sequence[StatisticInfo]) -> None:
+        """Store what the watch says of its statistics (``GradientWatch.statistic_infos``:
+        labels, schedules), by name; written with the next commit. A statistic seen in a
+        step but never described is stored by its name alone."""
+        if self._closed:
+            raise GradScopeError(f"the recording {self.path} is closed")
+        self._pending.append(_Described(tuple(infos)))
+
     def flush(self, timeout: float | None = 30.0) -> None:
         """Commit everything queued so far; returns when it is on disk (or on timeout)."""
         if self._closed:
@@ -403,6 +428,8 @@ class RecordingWriter:
                         markers.append(item)
                     elif isinstance(item, _Info):
                         batch.info.append((item.key, item.value))
+                    elif isinstance(item, _Described):
+                        self._statistics.describe(item.infos, batch.statistics)
                     elif isinstance(item, _Rewind):
                         self._commit(batch)
                         batch = _Batch()
@@ -469,12 +496,6 @@ class RecordingWriter:
             if count > len(self._worst):
                 self._worst = np.concatenate(
                     [self._worst, np.zeros(count - len(self._worst), dtype=np.uint8)]
-                )
-                self._previous_status = np.concatenate(
-                    [
-                        self._previous_status,
-                        np.full(count - len(self._previous_status), STATUS_OK, dtype=np.uint8),
-                    ]
                 )
             positions = np.fromiter(
                 (self._positions[n] for n in names), dtype=np.int32, count=len(names)
@@ -569,6 +590,7 @@ class RecordingWriter:
         param_set, param_count = self._param_set(batch, layers)
         if stats.param_grad_norm is not None and len(stats.param_grad_norm) == param_count:
             batch.param_norms.append((row, param_set, _to_float32(stats.param_grad_norm).tobytes()))
+        self._statistics.pack(stats, row, len(positions), batch.statistics, batch.figures)
         values = batch.values
         packed = statistic_rows(stats)
         values["grad_norm"].append((row, packed[0].tobytes()))
@@ -586,12 +608,12 @@ class RecordingWriter:
                     np.asarray(stats.inf_count, dtype=np.int64).tobytes(),
                 )
             )
-        # Status onsets, exactly as RunHistory notes them.
+        # Status onsets, as RunHistory notes them (the same StatusOnsets).
         names = [layer.name for layer in layers]
-        before = self._previous_status[positions]
-        for event in status_onsets(step, names, status, before, stats.grad_norm):
+        for event in self._onsets.step(
+            step, names, status, stats.grad_norm, stats.tiny_reasons, key=layers
+        ):
             batch.events.append((row, step, event.kind, event.layer, event.message))
-        self._previous_status[positions] = status
         self._worst[positions] = np.maximum(self._worst[positions], status)
         if origin is not None:
             batch.events.append((row, step, "origin", origin.module, origin.describe()))
@@ -646,7 +668,7 @@ class RecordingWriter:
                 for set_id, blob in connection.execute("SELECT id, positions FROM layer_sets")
             }
             self._worst[:] = STATUS_FROZEN  # the lowest: any status seen replaces it
-            self._previous_status[:] = STATUS_OK
+            self._onsets.forget()
             last: tuple[np.ndarray, np.ndarray] | None = None
             for set_id, blob in connection.execute(
                 "SELECT s.layer_set, v.data FROM steps AS s JOIN status AS v ON v.row = s.row "
@@ -656,7 +678,8 @@ class RecordingWriter:
                 self._worst[positions] = np.maximum(self._worst[positions], status)
                 last = (positions, status)
             if last is not None:
-                self._previous_status[last[0]] = last[1]
+                by_position = dict(zip(self._positions.values(), self._positions, strict=True))
+                self._onsets.set([by_position[p] for p in last[0].tolist()], last[1])
             self._next_row = int(cut_row)
             connection.executemany(
                 "UPDATE meta SET value = ? WHERE key = ?",
@@ -702,6 +725,7 @@ class RecordingWriter:
                 connection.executemany(
                     "INSERT INTO param_sets(id, positions) VALUES (?,?)", batch.param_sets
                 )
+            write_rows(connection, batch.statistics, batch.figures)
             if batch.steps:
                 connection.executemany(
                     "INSERT INTO steps(row, step, layer_set, loss, total_grad_norm, flags, "

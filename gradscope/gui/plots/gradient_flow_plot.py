@@ -18,8 +18,6 @@ from gradscope.gui.plots.display_values import (
 from gradscope.gui.plots.plot_view import PlotView, classify_for_display
 from gradscope.gui.plots.plot_widget import make_plot_widget
 from gradscope.gui.plots.statistic_choice import (
-    DETAIL_ONLY,
-    STATISTIC_LABELS,
     StatisticSelector,
 )
 from gradscope.gui.selection import Selection
@@ -105,7 +103,9 @@ class GradientFlowPlot(QWidget):
         self.statistic = statistic
         self.item.setLabel(
             "bottom",
-            _GRADIENT_AXIS_LABEL if statistic == "grad_norm" else STATISTIC_LABELS[statistic],
+            _GRADIENT_AXIS_LABEL
+            if statistic == "grad_norm"
+            else self.statistic_selector.label(statistic),
         )
         self.statistic_changed.emit(statistic)
 
@@ -117,7 +117,7 @@ class GradientFlowPlot(QWidget):
             if step is not None
             else (history.count - 1 if history.count else None)
         )
-        if row is None or self.statistic not in DETAIL_ONLY:
+        if row is None or not self.statistic_selector.points_only(self.statistic):
             return row
         measured = np.flatnonzero((history.matrix(self.statistic)[: row + 1] != MISSING).any(1))
         return int(measured[-1]) if len(measured) else None
@@ -152,6 +152,7 @@ class GradientFlowPlot(QWidget):
 
     def refresh(self, view: PlotView) -> None:
         history = view.history
+        self.statistic_selector.offer(history)
         order = view.ticked_layers()
         self._order = order
         self.axis.set_names(order)
@@ -178,7 +179,7 @@ class GradientFlowPlot(QWidget):
         self.step = int(history.steps[row])
         title = f"Gradient flow at step {self.step}"
         if not gradient:
-            title = f"{STATISTIC_LABELS[self.statistic]} at step {self.step}"
+            title = f"{self.statistic_selector.label(self.statistic)} at step {self.step}"
             if view.selected_step is not None and view.selected_step != self.step:
                 title += " (last measured)"
         self.widget.setTitle(view.flow_title if walked else title, size="10pt")
@@ -259,7 +260,7 @@ class GradientFlowPlot(QWidget):
         if i is None or i >= len(self._values):
             return
         value = self._values[i]
-        label = STATISTIC_LABELS[self.statistic]
+        label = self.statistic_selector.label(self.statistic)
         text = "not watched" if value == MISSING else f"{label} = {format_value(value)}"
         global_pos = self.widget.mapToGlobal(self.widget.mapFromScene(scene_pos))
         QToolTip.showText(

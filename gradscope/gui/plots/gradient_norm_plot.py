@@ -25,10 +25,7 @@ from gradscope.gui.plots.peak_cache import PeakLevels
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import DOTS_UP_TO, LEFT_AXIS_WIDTH, make_plot_widget
 from gradscope.gui.plots.statistic_choice import (
-    DETAIL_ONLY,
     PER_PARAMETER,
-    STATISTIC_LABELS,
-    STATISTIC_TITLES,
     StatisticSelector,
 )
 from gradscope.gui.plots.step_zoom import StepZoomViewBox
@@ -200,12 +197,12 @@ class GradientNormPlot(QWidget):
             self.layer_cache.set_statistic(statistic)
         self._curve_state.clear()
         self._group_key = self._edge_key = None
-        self.item.setLabel("left", STATISTIC_LABELS[statistic])
+        self.item.setLabel("left", self.statistic_selector.label(statistic))
         self._show_title()
         self.statistic_changed.emit(statistic)
 
     def _show_title(self, note: str = "") -> None:
-        title = STATISTIC_TITLES[self.statistic]
+        title = self.statistic_selector.title(self.statistic)
         title += "" if self.per_parameter else " per layer"
         # Right-aligned: the statistic and scale boxes lie over the top-left corner (a centred
         # title read "radient norm per layer" at 1280x800).
@@ -264,6 +261,7 @@ class GradientNormPlot(QWidget):
 
     # -- drawing -------------------------------------------------------------------------
     def refresh(self, view: PlotView) -> None:
+        self.statistic_selector.offer(view.history)
         if self.per_parameter:
             view = self._parameter_view(view)
         history = view.history
@@ -384,9 +382,8 @@ class GradientNormPlot(QWidget):
             raw.setVisible(False)
         # Dots while there are few steps (one has no line), and always for a statistic
         # measured on detail steps only: its values are points, with nothing between.
-        few = (cache.rows <= DOTS_UP_TO or self.statistic in DETAIL_ONLY) and bool(
-            np.isfinite(logged).any()
-        )
+        points_only = self.statistic_selector.points_only(self.statistic)
+        few = (cache.rows <= DOTS_UP_TO or points_only) and bool(np.isfinite(logged).any())
         color = self._colors.get(name, QColor("#1f77b4"))
         curve.setData(
             self._x,
@@ -459,7 +456,7 @@ class GradientNormPlot(QWidget):
             return
         self._group_key = key
         columns = self._columns
-        points_only = self.statistic in DETAIL_ONLY
+        points_only = self.statistic_selector.points_only(self.statistic)
         if points_only or per_block == 1:
             # Points only (see DETAIL_ONLY): every measured value in view, not blocks.
             x = steps[first:last]
@@ -586,7 +583,10 @@ class GradientNormPlot(QWidget):
                     color = self._colors.get(name, QColor("#1f77b4"))
                     series = run.history.series(self._value_statistic, name)
                     values = self._y(log10_display(series))
-                    points = self.statistic in DETAIL_ONLY or run.history.count <= DOTS_UP_TO
+                    points = (
+                        self.statistic_selector.points_only(self.statistic)
+                        or run.history.count <= DOTS_UP_TO
+                    )
                     x = (
                         run.history.elapsed_seconds()
                         if self.wall_clock
@@ -756,7 +756,7 @@ class GradientNormPlot(QWidget):
             self.hover_text = ""
             return
         name, step, value = found
-        label = STATISTIC_LABELS[self.statistic]
+        label = self.statistic_selector.label(self.statistic)
         when = f"step {step}"
         if self.wall_clock and len(self._steps):
             row = min(int(np.searchsorted(self._steps, step)), len(self._steps) - 1)

@@ -31,7 +31,6 @@ from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import LEFT_AXIS_WIDTH, make_plot_widget
 from gradscope.gui.plots.statistic_choice import (
     DETAIL_ONLY,
-    STATISTIC_LABELS,
     StatisticSelector,
 )
 from gradscope.gui.plots.step_zoom import StepZoomViewBox
@@ -112,13 +111,14 @@ class HeatmapPlot(QWidget):
 
     def _show_title(self) -> None:
         self.item.setTitle(
-            f"log10 {STATISTIC_LABELS[self.statistic]} (red: NaN/Inf, white: 0"
+            f"log10 {self.statistic_selector.label(self.statistic)} (red: NaN/Inf, white: 0"
             + (", purple: skipped by the loss scaler)" if self._skipped_title else ")"),
             size="10pt",
         )
 
     def refresh(self, view: PlotView) -> None:
         history = view.history
+        self.statistic_selector.offer(history)
         order = view.ticked_layers()
         self._order = order
         self.axis.set_names(order)
@@ -236,12 +236,14 @@ class HeatmapPlot(QWidget):
             (
                 "not measured (no detail on this step)"
                 if self.statistic in DETAIL_ONLY
+                else "not measured (not due at this step)"
+                if self.statistic_selector.points_only(self.statistic)
                 else "not watched"
             )
             if value == MISSING
             else f"overflowed: {SKIPPED_WORDS}"
             if value == SKIPPED_CELL
-            else f"{STATISTIC_LABELS[self.statistic]} = {format_value(value)}"
+            else f"{self.statistic_selector.label(self.statistic)} = {format_value(value)}"
         )
         global_pos = self.widget.mapToGlobal(self.widget.mapFromScene(scene_pos))
         QToolTip.showText(global_pos, f"{name or '(model)'}\nstep {step}\n{text}", self.widget)

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradscope.core.history import RunHistory
 from gradscope.gui.plots.compared_runs import short_run_name
 from gradscope.gui.plots.gradient_flow_plot import GradientFlowPlot
 from gradscope.gui.plots.gradient_norm_plot import GradientNormPlot
@@ -386,6 +387,13 @@ class PlotPanel(QWidget):
         """No hover text left over data that changed (a load, a rewind)."""
         self.gradient_norm.hide_hover()
         QToolTip.hideText()
+
+    def show_statistic(self, statistic: str, history: RunHistory) -> None:
+        """Show ``statistic`` (a built-in or one of ``history``'s named ones) in the
+        gradient-norm plot, as its selector would (``gradscope open --statistic``)."""
+        selector = self.gradient_norm.statistic_selector
+        selector.offer(history)
+        selector.choose(statistic)
 
     def auto_range(self) -> None:
         self.follow_range = True

@@ -267,6 +267,7 @@ def test_combine_mean_and_sum_and_a_layer_without_gradient():
         (type("Odd", (GradRMS,), {"name": "grad/rms"})(), "letters, digits"),
         (type("Odd", (GradRMS,), {"every": 0})(), "every"),
         (type("Odd", (GradRMS,), {"name": "grad_norm"})(), "two statistics"),
+        (type("Odd", (GradRMS,), {"name": "status"})(), "taken by the reports"),
         (type("Empty", (gradscope.Statistic,), {"name": "empty"})(), "neither"),
     ],
 )

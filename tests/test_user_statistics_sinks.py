@@ -19,6 +19,8 @@ from torch import nn
 
 import gradscope
 from gradscope.cli import main
+from gradscope.core.facts import RESERVED_STATISTIC_NAMES
+from gradscope.core.history import STATISTICS
 from gradscope.core.recording import RecordingReader
 
 if not hasattr(gradscope, "Statistic"):
@@ -102,13 +104,19 @@ def test_user_statistics_reach_the_recording_report_csv_and_tensorboard(tmp_path
     args = ["report", str(path), "--json", str(report), "--csv", str(table)]
     assert main([*args, "--tensorboard", str(tensorboard)]) == 0
     layers = json.loads(report.read_text(encoding="utf-8"))["layers"]
+    # A layer's other keys are the ones a statistic may not be named (else it is dropped).
+    assert set(layers[0]) - {"grad_rms", "out_rms", *STATISTICS} <= RESERVED_STATISTIC_NAMES
     for column, entry in enumerate(layers):
         assert [v is None for v in entry["out_rms"]] == (~due).tolist()
         measured = [v for v in entry["out_rms"] if v is not None]
         np.testing.assert_allclose(measured, out_rms[due, column], rtol=1e-5)
         np.testing.assert_allclose(entry["grad_rms"], grad_rms[:, column], rtol=1e-5)
     with open(table, newline="", encoding="utf-8") as file:
-        rows = [row for row in csv.DictReader(file) if row["layer"] == names[-1]]
+        reader_rows = csv.DictReader(file)
+        rows = [row for row in reader_rows if row["layer"] == names[-1]]
+    assert set(reader_rows.fieldnames) - {"grad_rms", "out_rms", *STATISTICS} <= (
+        RESERVED_STATISTIC_NAMES
+    )
     assert [row["out_rms"] == "" for row in rows] == (~due).tolist()
     np.testing.assert_allclose([float(r["grad_rms"]) for r in rows], grad_rms[:, -1], rtol=1e-5)
 

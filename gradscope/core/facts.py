@@ -125,8 +125,8 @@ class StepStats:
     # Whether the step is non-finite, as the watch decided it when it made the step (None:
     # work it out from the fields; see ``nonfinite``).
     known_nonfinite: bool | None = None
-    # Per-layer figures of the detail statistics registered beyond the built-in ones
-    # (gradscope.core.watch.statistics), by name; on detail steps only.
+    # Per-layer figures of the named statistics beyond the built-in fields (a user's
+    # gradscope.Statistic), by name: one per watched layer, on the steps each is due only.
     figures: dict[str, np.ndarray] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -146,6 +146,24 @@ class StepStats:
 
 # How many samples an input origin's description lists.
 SAMPLES_SHOWN = 5
+
+
+# Keys the sinks already give a layer beside its statistics (the JSON report's layer entry,
+# the CSV's columns): a statistic may not take one of these names, or it would be dropped there.
+RESERVED_STATISTIC_NAMES = frozenset(
+    {
+        "name",
+        "type",
+        "params",
+        "status",
+        "status_first_seen_step",
+        "last_status",
+        "finite_max_grad_norm",
+        "why_tiny",
+        "step",
+        "layer",
+    }
+)
 
 
 @dataclass(frozen=True)

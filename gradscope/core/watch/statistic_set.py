@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gradscope.core.errors import GradScopeError
-from gradscope.core.facts import StatisticInfo
+from gradscope.core.facts import RESERVED_STATISTIC_NAMES, StatisticInfo
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.watch.statistics import BUILT_INS, COMBINES, Statistic, StatisticError
 
@@ -41,6 +41,11 @@ def _checked(statistic: Any, taken: set[str]) -> Statistic:
         )
     if name in taken:
         raise GradScopeError(f"statistics=: two statistics are named {name!r}")
+    if name in RESERVED_STATISTIC_NAMES:
+        raise GradScopeError(
+            f"statistics=: {kind}.name {name!r} is taken by the reports (a layer's "
+            f"{name!r} field); choose another name"
+        )
     if statistic.combine not in COMBINES:
         raise GradScopeError(
             f"statistics=: {kind}.combine is {statistic.combine!r}; one of "

@@ -257,10 +257,16 @@ class GradientWatch:
     @step.setter
     def step(self, value: int) -> None:
         # A runner that replaces or rewinds its watch keeps the step numbering going; a
-        # rewound run starts a new timeline, so a NaN after it is a new episode.
-        self._step = int(value)
-        self.episodes.in_episode = False
-        self.statuses.forget()
+        # rewound run (a step before the next one) starts a new timeline, so a NaN after it
+        # is a new episode. A callback that numbers each step as its library does sets the
+        # number the watch expects, or a later one (a skipped step): the same timeline, so
+        # the episode (and a vanishing layer's count) goes on.
+        value = int(value)
+        rewound = value < self._step
+        self._step = value
+        if rewound:
+            self.episodes.in_episode = False
+            self.statuses.forget()
 
     @property
     def on_every_rank(self) -> bool:
@@ -354,7 +360,13 @@ class GradientWatch:
             optimizers=self.optimizers,
             first_collected=self._collected == 1,
             replay=self.replay,
+            # A sharded layer's weight norm takes a collective: not run for an event.
+            weight_norms=None if self.binding.sharded else self._layer_weight_norms,
         )
+
+    def _layer_weight_norms(self) -> np.ndarray:
+        with torch.no_grad():
+            return layer_norms(self.binding, self._read_weight_norms())[0]
 
     def _figures_to_stats(self, transfers: list[Transfer], batch: Any) -> StepStats:
         """The step's statistics from its transfers (and a second read when it needs the

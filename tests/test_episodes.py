@@ -1,0 +1,196 @@
+"""One origin per NaN/Inf episode in every route. A loss made non-finite at one step, with
+training going on after it, spoils the weights through that step's update; every later
+step's gradients are NaN because of it. That is one episode: one origin (the step, phase,
+op and line that made the NaN), the spoiled weights as its events, never new "update"
+origins at the steps after it."""
+
+from __future__ import annotations
+
+import lightning
+import pytest
+import torch
+import transformers
+from torch import nn
+
+import gradscope
+from gradscope.core.recording import RecordingReader
+from gradscope.core.watch.episodes import SPOILED_WEIGHTS
+from gradscope.integrations.lightning import GradScopeCallback as LightningCallback
+from gradscope.integrations.transformers import GradScopeCallback as TransformersCallback
+
+BAD_STEP = 3
+STEPS = 7
+BATCH = 4
+
+
+def _line_of(text: str) -> int:
+    with open(__file__) as handle:
+        found = [n for n, line in enumerate(handle, start=1) if line.rstrip().endswith(text)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.rand(STEPS * BATCH, 4, generator=generator) + 0.5
+    labels = torch.rand(STEPS * BATCH, generator=generator) + 0.5
+    labels[BAD_STEP * BATCH : (BAD_STEP + 1) * BATCH] = 0.0  # a batch of zero labels
+    return inputs, labels
+
+
+def _relative_loss(prediction: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return ((prediction - labels).square() / labels.abs().amin()).mean()  # episode marker
+
+
+class Regressor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, inputs, labels=None):
+        prediction = self.head(torch.tanh(self.body(inputs))).squeeze(-1)
+        loss = None if labels is None else _relative_loss(prediction, labels)
+        return {"loss": loss, "logits": prediction}
+
+
+class LitRegressor(lightning.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Regressor()
+
+    def training_step(self, batch, index):
+        inputs, labels = batch
+        return _relative_loss(self.model(inputs)["logits"], labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.inputs, self.labels = _data()
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index):
+        return {"inputs": self.inputs[index], "labels": self.labels[index]}
+
+
+def _history(recording):
+    with RecordingReader(recording) as reader:
+        _, history = reader.load()
+    return history
+
+
+def _assert_one_episode(history, layers: set[str], where: tuple[str, str | None]) -> None:
+    """``where``: the origin's phase and module (the loss computed in training_step is the
+    loss phase; computed in the model's forward, the model's)."""
+    assert len(history.origins) == 1, [o.describe() for o in history.origins]
+    origin = history.origins[0]
+    assert (origin.step, origin.phase, origin.module) == (BAD_STEP, *where)
+    assert "div" in origin.op
+    assert (origin.file, origin.line) == (__file__, _line_of("# episode marker"))
+    assert [e.step for e in history.events if e.kind == "origin"] == [BAD_STEP]
+    # The step's update wrote the NaN/Inf gradients into the weights: seen at the next step,
+    # once per layer, named as the episode's consequence.
+    spoiled = [e for e in history.events if e.kind == SPOILED_WEIGHTS]
+    assert [e.step for e in spoiled] == [BAD_STEP + 1], spoiled
+    for layer in layers:
+        assert layer in spoiled[0].message
+    assert f"origin at step {BAD_STEP}" in spoiled[0].message
+    # training went on: every later step was non-finite, and recorded
+    assert list(history.steps) == list(range(STEPS))
+
+
+def test_lightning_callback_gives_one_origin_per_episode(tmp_path):
+    torch.manual_seed(0)
+    inputs, labels = _data()
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(inputs, labels), batch_size=BATCH
+    )
+    recording = tmp_path / "lightning.gsrec"
+    trainer = lightning.Trainer(
+        callbacks=[LightningCallback(record=recording)],
+        max_steps=STEPS,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(LitRegressor(), loader)
+    _assert_one_episode(_history(recording), {"model.body", "model.head"}, ("loss", None))
+
+
+def test_transformers_callback_gives_one_origin_per_episode(tmp_path):
+    torch.manual_seed(0)
+    recording = tmp_path / "hf.gsrec"
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        max_grad_norm=0.0,
+    )
+    trainer = transformers.Trainer(
+        model=Regressor(),
+        args=args,
+        train_dataset=Rows(),
+        callbacks=[TransformersCallback(record=recording)],
+    )
+    trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(
+        range(STEPS * BATCH)
+    )
+    trainer.train()
+    _assert_one_episode(_history(recording), {"body", "head"}, ("forward", ""))
+
+
+def _train_own_loop(watch, model, optimizer, number_steps: bool) -> None:
+    inputs, labels = _data()
+    for step in range(STEPS):
+        rows = slice(step * BATCH, (step + 1) * BATCH)
+        optimizer.zero_grad()
+        loss = model(inputs[rows], labels[rows])["loss"]
+        loss.backward()
+        if number_steps:  # as a callback does: the library's own step number
+            watch.step = step
+        watch.collect(loss)
+        optimizer.step()
+
+
+@pytest.mark.parametrize("number_steps", [False, True])
+def test_watch_gives_one_origin_per_episode(tmp_path, number_steps):
+    torch.manual_seed(0)
+    model = Regressor()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    recording = tmp_path / "loop.gsrec"
+    with gradscope.watch(model, record=recording, optimizer=optimizer) as watch:
+        _train_own_loop(watch, model, optimizer, number_steps)
+        assert len(watch.origins) == 1
+    history = _history(recording)
+    _assert_one_episode(history, {"body", "head"}, ("forward", ""))
+    spoiled = next(e for e in history.events if e.kind == SPOILED_WEIGHTS)
+    assert f"SGD.step of step {BAD_STEP}" in spoiled.message
+
+
+def test_a_step_number_set_back_starts_a_new_episode():
+    """A rewound run (the runner sets an earlier step) is a new timeline: a NaN after it
+    is a new episode with an origin of its own."""
+    torch.manual_seed(0)
+    model = Regressor()
+    inputs, labels = _data()
+    rows = slice(BAD_STEP * BATCH, (BAD_STEP + 1) * BATCH)
+    with gradscope.watch(model) as watch:
+        for step in (BAD_STEP, BAD_STEP):
+            watch.step = step
+            model.zero_grad()
+            loss = model(inputs[rows], labels[rows])["loss"]
+            loss.backward()
+            watch.collect(loss)
+        assert [o.step for o in watch.origins] == [BAD_STEP, BAD_STEP]

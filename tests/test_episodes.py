@@ -194,3 +194,31 @@ def test_a_step_number_set_back_starts_a_new_episode():
             loss.backward()
             watch.collect(loss)
         assert [o.step for o in watch.origins] == [BAD_STEP, BAD_STEP]
+
+
+@pytest.mark.parametrize("named_optimizer", [True, False])
+def test_an_update_origin_names_the_step_whose_update_wrote_the_weights(named_optimizer):
+    """A learning rate set to Inf at step 2 (a schedule gone wrong): step 2's gradients are
+    finite, its optimizer step writes Inf/NaN weights, step 3 is the first non-finite one.
+    The origin is the update of step 2, not of step 3 or 1."""
+    torch.manual_seed(0)
+    model = Regressor()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    inputs = torch.rand(6 * BATCH, 4) + 0.5
+    labels = torch.rand(6 * BATCH) + 0.5
+    broken_at = 2
+    with gradscope.watch(model, optimizer=optimizer if named_optimizer else None) as watch:
+        for step in range(5):
+            rows = slice(step * BATCH, (step + 1) * BATCH)
+            optimizer.zero_grad()
+            loss = model(inputs[rows], labels[rows])["loss"]
+            loss.backward()
+            stats = watch.collect(loss)
+            assert stats.nonfinite == (step > broken_at)
+            if step == broken_at:
+                optimizer.param_groups[0]["lr"] = float("inf")
+            optimizer.step()
+    assert len(watch.origins) == 1
+    origin = watch.origins[0]
+    assert (origin.step, origin.phase) == (broken_at, "update")
+    assert origin.op == ("SGD.step" if named_optimizer else "optimizer.step")

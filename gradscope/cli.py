@@ -631,7 +631,7 @@ def report_command(argv: Sequence[str]) -> int:
     recordings = find_rank_set(args.recording)
     if recordings is not None:
         return _report_rank_set(args, recordings)
-    with RecordingReader(args.recording) as reader:
+    with RecordingReader(args.recording, snapshot=True) as reader:
         _, history = reader.load()
         live = reader.is_live()
         loss_recorded = reader.loss_recorded
@@ -791,9 +791,6 @@ def app_command(argv: Sequence[str]) -> int:
     )
 
 
-_OPEN_CHECK_ROWS = 64
-
-
 def open_command(argv: Sequence[str]) -> int:
     """``gradscope open RECORDING [MORE...]``: the app on a recording (following it while it
     is being written), with any further recordings compared on the same axes. A file that
@@ -808,8 +805,8 @@ def open_command(argv: Sequence[str]) -> int:
     parser.add_argument("--screenshot", metavar="PNG", help="save a screenshot and exit")
     args = parser.parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
-    from gradscope.core.recording import RecordingReader
     from gradscope.core.recording.rank_set import find_rank_set
+    from gradscope.core.recording.reader import check_recording
 
     path = args.recording
     try:
@@ -825,11 +822,10 @@ def open_command(argv: Sequence[str]) -> int:
             )
             for note in recordings.notes:
                 print(f"note: {note}", file=sys.stderr)
-        # A decimated read touches every table the window reads: a damaged file is one
-        # message here, not a dialog after the window opened.
+        # What the window reads, read here: a damaged file is one message, not a dialog
+        # after the window opened (and an exit 2 with nothing said).
         for each in (path, *args.compare):
-            with RecordingReader(each) as reader:
-                reader.load(max_rows=_OPEN_CHECK_ROWS)
+            check_recording(each)
     except GradScopeError as error:
         _print_error(error)
         return EXIT_BAD_INPUT

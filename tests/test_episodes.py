@@ -6,6 +6,9 @@ origins at the steps after it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import lightning
 import pytest
 import torch
@@ -222,3 +225,81 @@ def test_an_update_origin_names_the_step_whose_update_wrote_the_weights(named_op
     origin = watch.origins[0]
     assert (origin.step, origin.phase) == (broken_at, "update")
     assert origin.op == ("SGD.step" if named_optimizer else "optimizer.step")
+
+
+def test_attach_gives_one_origin_per_episode(tmp_path, monkeypatch):
+    """`gradscope attach` on an unmodified script: a NaN pixel in batch 6, training going on
+    for five more steps with the spoiled weights."""
+    from gradscope.cli import main
+
+    script = Path(__file__).parent / "models" / "mnist_shaped.py"
+    record = tmp_path / "attach.gsrec"
+    monkeypatch.chdir(tmp_path)
+    argv = ["attach", "--record", str(record), str(script), "--epochs", "2", "--nan-batch", "6"]
+    assert main(argv) == 0
+    history = _history(record)
+    assert history.steps.tolist() == list(range(12))
+    assert [(o.step, o.phase) for o in history.origins] == [(6, "input")]
+    spoiled = [e for e in history.events if e.kind == SPOILED_WEIGHTS]
+    assert [e.step for e in spoiled] == [7]
+    assert "origin at step 6" in spoiled[0].message
+
+
+NAN_DATA_SCRIPT = """
+import torch
+from torch import nn
+
+CONFIG = {"steps": 6, "batch_size": 4, "lr": 0.1}
+batches = 0
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 1))
+
+
+def make_batch(batch_size, device):
+    global batches
+    batches += 1
+    inputs = torch.randn(batch_size, 3, device=device)
+    if batches == 3:  # the third batch, step 2
+        inputs[1, 0] = float("nan")
+    return inputs, torch.randn(batch_size, 1, device=device)
+"""
+
+
+def test_gradscope_run_keep_going_gives_one_origin_per_episode(tmp_path, capsys):
+    """`gradscope run --keep-going` (the app's worker drives the same StepRunner): one origin
+    in the report, and the spoiled weights in the history the run's steps make."""
+    from gradscope.cli import main
+    from gradscope.core.history import RunHistory
+    from gradscope.core.runner import StepRunner
+    from gradscope.core.sources import load_with_settings
+
+    script = tmp_path / "nan_data.py"
+    script.write_text(NAN_DATA_SCRIPT)
+    report = tmp_path / "run.json"
+    assert main(["run", str(script), "--keep-going", "--json", str(report)]) == 0
+    capsys.readouterr()
+    data = json.loads(report.read_text())
+    assert data["steps_run"] == 6
+    assert [(o["step"], o["phase"]) for o in data["nonfinite_origins"]] == [(2, "input")]
+
+    loaded, settings = load_with_settings(str(script), {"keep_going": True})
+    runner = StepRunner(loaded, settings)
+    history = RunHistory()
+    try:
+        for result in runner.run():
+            layers = runner.watch.layers
+            history.append(
+                result.step,
+                result.loss,
+                result.stats,
+                [layer.name for layer in layers],
+                origin=result.origin,
+            )
+    finally:
+        runner.close()
+    assert [o.step for o in history.origins] == [2]
+    spoiled = [e for e in history.events if e.kind == SPOILED_WEIGHTS]
+    assert [e.step for e in spoiled] == [3]
+    assert "SGD.step of step 2" in spoiled[0].message

@@ -55,19 +55,18 @@ class Episodes:
         optimizers: Sequence[Any],
         first_collected: bool,
         replay: Any = None,
-        weight_norms: Callable[[], np.ndarray] | None = None,
     ) -> None:
         """Give the first step of a new episode its origin: through ``locate``, else by
         repeating the step ``replay`` captured (gradscope.core.replay), else from the
         statistics. On its later steps, note the layers whose weights have turned NaN/Inf
-        since (``weight_norms``: the watched layers' weight norms, read only while an
-        episode goes on and some layer's weights are still finite; None: not read)."""
+        since (from the step's weight norms: a non-finite step always has the detail, so
+        nothing more is read)."""
         if not stats.nonfinite:
             self.in_episode = False
             self._origin = self._spoiled = None
             return
         if self.in_episode:
-            self._note_spoiled_weights(stats, layers, optimizers, weight_norms)
+            self._note_spoiled_weights(stats, layers, optimizers)
             return
         self.in_episode = True
         names = [layer.name for layer in layers]
@@ -107,14 +106,10 @@ class Episodes:
         self._origin = origin
         # The weights the origin step already read NaN/Inf are the origin's (an "update"
         # origin names them); only those spoiled later are the episode's events.
+        norms = stats.weight_norm
         self._spoiled = None
-        norms = _weight_norms(stats, weight_norms)
         if norms is not None and len(norms) == len(layers):
             self._spoiled = ~np.isfinite(norms)
-            if self._spoiled.all():
-                self._spoiled = None
-        elif weight_norms is not None or stats.weight_norm is not None:
-            self._spoiled = np.zeros(len(layers), dtype=bool)
         if len(self.origins) < ORIGINS_KEPT:
             self.origins.append(origin)
         else:
@@ -125,19 +120,15 @@ class Episodes:
         stats: StepStats,
         layers: Sequence[LayerInfo],
         optimizers: Sequence[Any],
-        weight_norms: Callable[[], np.ndarray] | None,
     ) -> None:
-        spoiled, origin = self._spoiled, self._origin
-        if spoiled is None or origin is None or len(spoiled) != len(layers):
+        spoiled, origin, norms = self._spoiled, self._origin, stats.weight_norm
+        if spoiled is None or origin is None or norms is None:
             return
-        norms = _weight_norms(stats, weight_norms)
-        if norms is None or len(norms) != len(layers):
-            return
+        if len(spoiled) != len(layers) or len(norms) != len(layers):
+            return  # the watched layers changed during the episode
         bad = ~np.isfinite(norms)
         new = np.flatnonzero(bad & ~spoiled).tolist()
         spoiled |= bad
-        if spoiled.all():
-            self._spoiled = None  # nothing left to watch for: no more reads this episode
         if not new:
             return
         names = [layers[i].name or "(model)" for i in new]
@@ -155,15 +146,6 @@ class Episodes:
             *(stats.episode_events or ()),
             (SPOILED_WEIGHTS, layers[new[0]].name, message),
         ]
-
-
-def _weight_norms(
-    stats: StepStats, weight_norms: Callable[[], np.ndarray] | None
-) -> np.ndarray | None:
-    """The step's per-layer weight norms: its own on a detail step, else read now."""
-    if stats.weight_norm is not None:
-        return np.asarray(stats.weight_norm)
-    return None if weight_norms is None else np.asarray(weight_norms())
 
 
 def _explain_collapse(origin: Origin, stats: StepStats) -> None:

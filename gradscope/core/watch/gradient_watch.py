@@ -360,13 +360,7 @@ class GradientWatch:
             optimizers=self.optimizers,
             first_collected=self._collected == 1,
             replay=self.replay,
-            # A sharded layer's weight norm takes a collective: not run for an event.
-            weight_norms=None if self.binding.sharded else self._layer_weight_norms,
         )
-
-    def _layer_weight_norms(self) -> np.ndarray:
-        with torch.no_grad():
-            return layer_norms(self.binding, self._read_weight_norms())[0]
 
     def _figures_to_stats(self, transfers: list[Transfer], batch: Any) -> StepStats:
         """The step's statistics from its transfers (and a second read when it needs the

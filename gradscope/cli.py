@@ -805,7 +805,7 @@ def open_command(argv: Sequence[str]) -> int:
     parser.add_argument("--screenshot", metavar="PNG", help="save a screenshot and exit")
     args = parser.parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
-    from gradscope.core.recording.rank_set import find_rank_set
+    from gradscope.core.recording.rank_set import find_rank_set, load_rank_set
     from gradscope.core.recording.reader import check_recording
 
     path = args.recording
@@ -822,6 +822,7 @@ def open_command(argv: Sequence[str]) -> int:
             )
             for note in recordings.notes:
                 print(f"note: {note}", file=sys.stderr)
+            load_rank_set(recordings)  # the window reads every rank's file
         # What the window reads, read here: a damaged file is one message, not a dialog
         # after the window opened (and an exit 2 with nothing said).
         for each in (path, *args.compare):

@@ -156,3 +156,16 @@ def test_report_leaves_nothing_beside_a_recording_it_read(recording, tmp_path, c
     with RecordingReader(path) as reader:
         _, history = reader.load()
     assert history.count == 40 and np.isfinite(history.losses[:5]).all()
+
+
+def test_open_checks_every_rank_of_a_set(recording, tmp_path, capsys, launched):
+    """The window reads every rank's file of a distributed run's set: a damaged rank 1 is
+    said before any window when rank 0's is opened."""
+    for rank in (0, 1):
+        shutil.copyfile(recording, tmp_path / f"run.rank{rank}.gsrec")
+    dict(corruptions())["status code 7"](tmp_path / "run.rank1.gsrec")
+    code, lines = _run(["open", str(tmp_path / "run.rank0.gsrec")], capsys)
+    assert code == 2, lines
+    assert lines[-1].startswith("gradscope: error: ") and "run.rank1.gsrec is damaged" in lines[-1]
+    assert launched == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.rank0.gsrec", "run.rank1.gsrec"]

@@ -303,3 +303,47 @@ def test_gradscope_run_keep_going_gives_one_origin_per_episode(tmp_path, capsys)
     spoiled = [e for e in history.events if e.kind == SPOILED_WEIGHTS]
     assert [e.step for e in spoiled] == [3]
     assert "SGD.step of step 2" in spoiled[0].message
+
+
+class TinyInputs(lightning.LightningModule):
+    """Inputs scaled by 1e-9: the first layer's gradient stays tiny at every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 8, bias=False)
+        self.last = nn.Linear(8, 1)
+
+    def training_step(self, batch, index):
+        inputs, labels = batch
+        prediction = self.last(torch.tanh(self.first(inputs * 1e-9))).squeeze(-1)
+        return (prediction - labels).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_a_callback_step_number_keeps_a_vanishing_count_going(tmp_path):
+    """A callback numbers each step as its library does; that is the same timeline, so a
+    layer under the threshold for vanish_steps steps is vanishing (the count used to start
+    over at every step, and no callback run ever showed vanishing)."""
+    torch.manual_seed(0)
+    inputs, labels = _data()
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(inputs, labels.clamp(min=0.5)), batch_size=BATCH
+    )
+    recording = tmp_path / "vanishing.gsrec"
+    trainer = lightning.Trainer(
+        callbacks=[LightningCallback(record=recording, vanish_threshold=1e-6)],
+        max_steps=STEPS,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(TinyInputs(), loader)
+    history = _history(recording)
+    assert history.worst("last") == "ok"
+    assert history.worst("first") == "vanishing"
+    assert history.worst_first_seen("first") == 2  # the third step under the threshold

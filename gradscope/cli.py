@@ -641,7 +641,7 @@ def report_command(argv: Sequence[str]) -> int:
     recordings = find_rank_set(args.recording)
     if recordings is not None:
         return _report_rank_set(args, recordings)
-    with RecordingReader(args.recording) as reader:
+    with RecordingReader(args.recording, snapshot=True) as reader:
         _, history = reader.load()
         live = reader.is_live()
         loss_recorded = reader.loss_recorded
@@ -801,9 +801,6 @@ def app_command(argv: Sequence[str]) -> int:
     )
 
 
-_OPEN_CHECK_ROWS = 64
-
-
 def open_command(argv: Sequence[str]) -> int:
     """``gradscope open RECORDING [MORE...]``: the app on a recording (following it while it
     is being written), with any further recordings compared on the same axes. A file that
@@ -824,8 +821,8 @@ def open_command(argv: Sequence[str]) -> int:
     )
     args = parser.parse_args(list(argv))
     from gradscope.core.errors import GradScopeError
-    from gradscope.core.recording import RecordingReader
-    from gradscope.core.recording.rank_set import find_rank_set
+    from gradscope.core.recording.rank_set import find_rank_set, load_rank_set
+    from gradscope.core.recording.reader import check_recording
 
     path = args.recording
     try:
@@ -841,11 +838,11 @@ def open_command(argv: Sequence[str]) -> int:
             )
             for note in recordings.notes:
                 print(f"note: {note}", file=sys.stderr)
-        # A decimated read touches every table the window reads: a damaged file is one
-        # message here, not a dialog after the window opened.
+            load_rank_set(recordings)  # the window reads every rank's file
+        # What the window reads, read here: a damaged file is one message, not a dialog
+        # after the window opened (and an exit 2 with nothing said).
         for each in (path, *args.compare):
-            with RecordingReader(each) as reader:
-                _, history = reader.load(max_rows=_OPEN_CHECK_ROWS)
+            history = check_recording(each)
             if each == path and args.statistic is not None:
                 _check_statistic(args.statistic, [*history.statistic_names, "param_grad_norm"])
     except GradScopeError as error:

@@ -129,6 +129,9 @@ class StepStats:
     # gradscope.Statistic), by name: one per watched layer, on the steps each is due only.
     figures: dict[str, np.ndarray] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # What a NaN/Inf episode led to at this later step of it, as (kind, layer, message)
+    # events: weights its gradients spoiled, say. Consequences, not origins of their own.
+    episode_events: list[tuple[str, str | None, str]] | None = None
 
     @property
     def nonfinite(self) -> bool:

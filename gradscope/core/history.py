@@ -57,7 +57,8 @@ class Event:
     """Something worth a line in the events list: a status onset or the NaN/Inf origin."""
 
     step: int
-    kind: str  # "exploding", "vanishing", "nonfinite" or "origin"
+    # "exploding", "vanishing", "nonfinite", "origin", or an episode's ("spoiled weights")
+    kind: str
     layer: str | None
     message: str
 
@@ -494,6 +495,8 @@ class RunHistory:
             self._status[row, columns] = stats.status
             self.worst_status[columns] = np.maximum(self.worst_status[columns], stats.status)
             self._note_onsets(step, layer_names, stats)
+            for kind, layer, message in stats.episode_events or ():
+                self.events.append(Event(step, kind, layer, message))
             if param_names is not None and len(stats.param_grad_norm) == len(param_names):
                 self._add_parameter_norms(row, [stats], param_names, param_layers)
         self.count += 1
@@ -519,7 +522,8 @@ class RunHistory:
         if not steps:
             return
         if len(set(layer_names)) < len(layer_names) or any(
-            stats is None or origin is not None for _, _, stats, origin in steps
+            stats is None or origin is not None or stats.episode_events
+            for _, _, stats, origin in steps
         ):
             for step, loss, stats, origin in steps:  # rare: each in turn
                 self.append(

@@ -71,7 +71,6 @@ class RecordedRun:
 FOLLOW_INTERVAL_MS = 500
 RECORDING_HINT = ("The app keeps running; what it showed stays on screen. Open another "
                   "recording (or an older copy of this one) with File ▸ Open recording.")
-FIRST_VIEW_ROWS = 5000  # a long recording opens decimated to about this many steps
 RECENT_RUNS = 12
 SUFFIX = ".gsrec"
 
@@ -261,6 +260,7 @@ class RecordingController(QObject):
         rank's (rank 0's)."""
         from gradscope.core.recording import RecordingReader
         from gradscope.core.recording.rank_set import find_rank_set, load_rank_set
+        from gradscope.core.recording.reader import FIRST_VIEW_ROWS
 
         if self.writer is not None and Path(path).resolve() == self.writer.path.resolve():
             self.close_writer()  # the run it records: everything written before it is read
@@ -279,7 +279,13 @@ class RecordingController(QObject):
                     rank = recordings.primary_rank
                 path = recordings.paths[rank]
             reader = RecordingReader(path)
-            tree, history = reader.load(max_rows=FIRST_VIEW_ROWS)
+            try:
+                tree, history = reader.load(max_rows=FIRST_VIEW_ROWS)
+                # read here too: a damaged writer lock is a dialog, not an error in a slot
+                live = reader.is_live()
+            except GradScopeError:
+                reader.close()
+                raise
         except GradScopeError as error:
             dialog = ErrorDialog(self.parts.dialog_parent,
                                  "The recording could not be opened", error.message,
@@ -296,7 +302,6 @@ class RecordingController(QObject):
         name = Path(path).name
         self.recording_loaded.emit(
             RecordedRun(tree, history, name, _settings_of(reader.settings)))
-        live = reader.is_live()
         self.follow_action.setChecked(live)
         self.label.setText(f"{'following' if live else 'showing'} {name}")
         self.label.setToolTip(str(path))

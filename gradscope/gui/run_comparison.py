@@ -18,7 +18,6 @@ from gradscope.core.history import RunHistory
 from gradscope.gui.dialogs import ErrorDialog
 from gradscope.gui.plots.compared_runs import COMPARED_LINE_STYLES, ComparedRun
 
-FIRST_VIEW_ROWS = 5000  # as the shown recording: a long one is read decimated
 SUFFIX = ".gsrec"
 
 
@@ -49,6 +48,7 @@ class RunComparison(QObject):
         """Read ``path`` and compare it; a file that is no recording says why and changes
         nothing."""
         from gradscope.core.recording import RecordingReader
+        from gradscope.core.recording.reader import FIRST_VIEW_ROWS
 
         try:
             with RecordingReader(path) as reader:

@@ -149,9 +149,15 @@ _ROW_TABLES = (
 
 
 # -- the file -----------------------------------------------------------------------------
-def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
+def _connect(path: Path, *, read_only: bool, snapshot: bool = False) -> sqlite3.Connection:
+    """``snapshot``: read once as the file is now, never followed. With no ``-wal`` file
+    beside it no writer is connected (a WAL-mode connection keeps one until it closes), so
+    the file is opened immutable: a read-only connection would otherwise create ``-wal``
+    and ``-shm`` files that it cannot remove, left behind by a command that only read."""
     if read_only:
         uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro"
+        if snapshot and not Path(f"{path}-wal").exists():
+            uri += "&immutable=1"
         connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         connection.execute("PRAGMA query_only = 1")
         try:
@@ -204,11 +210,26 @@ def _check_header(path: Path) -> None:
         )
 
 
+# How much of SQLite's or a check's own words a "damaged" message quotes.
+_REASON_CHARACTERS = 200
+
+
 def _damaged(path: Path, error: Exception) -> GradScopeError:
     return GradScopeError(
-        f"{path} is damaged (truncated or corrupt): {error}; "
+        f"{path} is damaged (truncated or corrupt): {_one_line(str(error))}; "
         "steps up to the damage may be readable by an older copy"
     )
+
+
+def _one_line(reason: str) -> str:
+    """A reason fit for one line: SQLite quotes the damaged bytes themselves (newlines,
+    control characters, undecodable text), so only printable characters are kept, and
+    not too many of them."""
+    printable = "".join(c if c.isprintable() else " " for c in reason.replace("\ufffd", " "))
+    printable = " ".join(printable.split())
+    if len(printable) > _REASON_CHARACTERS:
+        printable = printable[: _REASON_CHARACTERS - 3].rstrip() + "..."
+    return printable
 
 
 def _read_meta(connection: sqlite3.Connection, path: Path) -> dict[str, Any]:
@@ -230,8 +251,8 @@ def _read_meta(connection: sqlite3.Connection, path: Path) -> dict[str, Any]:
     if meta.get("format") != FORMAT_NAME:
         raise GradScopeError(f"{path} is not a GradScope recording")
     version = meta.get("format_version")
-    if not isinstance(version, int):
-        raise _damaged(path, ValueError("no format version"))
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _damaged(path, ValueError(f"no format version (meta.format_version is {version!r})"))
     if version > FORMAT_VERSION:
         raise GradScopeError(
             f"{path} was written by a newer GradScope (recording format {version}; this "

@@ -90,7 +90,7 @@ def _settle(common: Path, candidates: dict[int, Path]) -> RecordingSet:
     first_error: GradScopeError | None = None
     for rank, path in sorted(candidates.items()):
         try:
-            with RecordingReader(path) as reader:
+            with RecordingReader(path, snapshot=True) as reader:
                 sizes[rank] = _int_or_none(reader.info.get("world_size"))
         except GradScopeError as error:
             first_error = first_error or error
@@ -188,7 +188,7 @@ def load_rank_set(recordings: RecordingSet) -> LoadedSet:
     facts: list[RankFacts] = []
     loaded = LoadedSet(recordings, histories, facts, live=False)
     for rank, path in sorted(recordings.paths.items()):
-        with RecordingReader(path) as reader:
+        with RecordingReader(path, snapshot=True) as reader:
             _, history = reader.load()
             loaded.live = loaded.live or reader.is_live()
             histories[rank] = history

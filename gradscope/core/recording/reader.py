@@ -29,7 +29,10 @@ from gradscope.core.module_tree import ModuleTree
 from gradscope.core.recording.format import (
     _DENSE_TABLES,
     _FLAG_LOSS_GIVEN,
+    _FLAG_LOSS_NONFINITE,
+    _FLAG_SCALE_COLLAPSED,
     _FLAG_SKIPPED,
+    _FLAG_UNWATCHED_NONFINITE,
     OPTIONAL_TABLES,
     _check_header,
     _connect,
@@ -44,14 +47,40 @@ from gradscope.core.recording.stored_values import (
     blob,
     event,
     layer_row,
+    no_negative,
     origin,
+    rewind_row,
+    status_codes_known,
+    step_rows,
     text,
     tree_row,
+    writer_lock_row,
 )
 
 # What building the history from a file's rows can raise when the file holds something
-# else than the format says (the stored_values checks catch most before numpy does).
+# else than the format says (the stored_values checks catch most before numpy does; a
+# UnicodeDecodeError, a ValueError, is SQLite's message about a schema that is no UTF-8).
 _DAMAGE = (ValueError, KeyError, IndexError, TypeError, AttributeError)
+_KNOWN_FLAGS = (
+    _FLAG_LOSS_GIVEN
+    | _FLAG_LOSS_NONFINITE
+    | _FLAG_UNWATCHED_NONFINITE
+    | _FLAG_SKIPPED
+    | _FLAG_SCALE_COLLAPSED
+)
+# What a recording opens decimated to (about this many steps): the app's first view, and so
+# what `gradscope open` checks before any window (see check_recording).
+FIRST_VIEW_ROWS = 5000
+
+
+def check_recording(path: str | os.PathLike[str]) -> RunHistory:
+    """Read what the app reads when it opens ``path`` and return its first view's history: a
+    :class:`GradScopeError` with one line when the file is no readable recording
+    (``gradscope open`` says it before any window)."""
+    with RecordingReader(path, snapshot=True) as reader:
+        _, history = reader.load(max_rows=FIRST_VIEW_ROWS)
+        reader.is_live()
+    return history
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -59,6 +88,8 @@ def _settings_of(text: Any, path: Path) -> dict[str, Any]:
     """The recorded run settings: a JSON object (or nothing)."""
     if text is None or text == "":
         return {}
+    if not isinstance(text, str):
+        raise GradScopeError(f"{path} is damaged: its run settings are no text")
     try:
         settings = json.loads(text)
     except (TypeError, ValueError) as error:
@@ -85,13 +116,18 @@ class RecordingReader:
     worker, say), or give each thread its own reader.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, snapshot: bool = False) -> None:
+        """``snapshot``: the file is read as it is now and not followed (``gradscope
+        report``, the check before the app opens a file): reading a finished recording then
+        leaves nothing beside it."""
         self.path = Path(path)
         _check_header(self.path)
         try:
-            self._connection = _connect(self.path, read_only=True)
+            self._connection = _connect(self.path, read_only=True, snapshot=snapshot)
         except sqlite3.Error as error:
             raise GradScopeError(f"cannot open the recording {self.path}: {error}") from None
+        except UnicodeDecodeError:  # SQLite quoting a damaged schema in its message
+            raise _damaged(self.path, ValueError("its schema text is not UTF-8")) from None
         try:
             meta = _read_meta(self._connection, self.path)
             self.format_version: int = meta["format_version"]
@@ -100,6 +136,17 @@ class RecordingReader:
                 # Without it, a reader cannot tell this file from a new one written over it.
                 raise StoredValueError("it has no creation time (meta.created)")
             self.settings: dict[str, Any] = _settings_of(meta.get("settings"), self.path)
+            # Read only by a decimated load, checked at once: every load agrees on a file.
+            worst = meta.get("worst_status")
+            status_codes_known(
+                status_codes(
+                    np.frombuffer(blob(worst or b"", "meta.worst_status"), dtype=np.uint8),
+                    self.format_version,
+                ),
+                "meta.worst_status",
+            )
+            for step, row in self._connection.execute("SELECT step, row FROM rewinds"):
+                rewind_row(step, row)
             self.info: dict[str, str] = {
                 key[5:]: text(value, f"meta.{key}")
                 for key, value in meta.items()
@@ -165,13 +212,19 @@ class RecordingReader:
     def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
         try:
             return self._connection.execute(sql, parameters).fetchall()
-        except sqlite3.DatabaseError as error:
+        except (sqlite3.DatabaseError, *_DAMAGE) as error:
             raise _damaged(self.path, error) from None
 
     def is_live(self) -> bool:
         """True while a writer holds the recording (and is alive)."""
         row = self._query("SELECT pid, host, heartbeat FROM writer_lock WHERE id = 1")
-        return bool(row) and _lock_is_held(*row[0])
+        if not row:
+            return False
+        try:
+            lock = writer_lock_row(*row[0])
+        except StoredValueError as error:
+            raise _damaged(self.path, error) from None
+        return _lock_is_held(*lock)
 
     def is_finished(self) -> bool:
         """True when the writer closed it properly (False after a crash, or while live)."""
@@ -319,10 +372,12 @@ class RecordingReader:
             selection = (span, (first_row, stop_row))
         scale_column = "loss_scale" if self.format_version >= 2 else "NULL"
         wall_column = "wall_time" if self.has_wall_time else "NULL"
+        columns_read = (
+            f"row, step, layer_set, loss, total_grad_norm, flags, {scale_column}, {wall_column}"
+        )
+        self._check_steps(columns_read, scale_column, wall_column, selection)
         step_rows = connection.execute(
-            f"SELECT row, step, layer_set, loss, total_grad_norm, flags, {scale_column}, "
-            f"{wall_column} "
-            f"FROM steps WHERE {selection[0]} ORDER BY row",
+            f"SELECT {columns_read} FROM steps WHERE {selection[0]} ORDER BY row",
             selection[1],
         ).fetchall()
         if follow:
@@ -367,6 +422,9 @@ class RecordingReader:
         history.loss_scale[start:end] = [r[6] or 0.0 for r in step_rows]
         history.wall_time[start:end] = [np.nan if r[7] is None else r[7] for r in step_rows]
 
+        unknown = [int(s) for s in np.unique(set_ids) if int(s) not in self._sets]
+        if unknown:
+            raise StoredValueError(f"a step names layer set {unknown[0]}, which it does not hold")
         groups = {
             int(s): (np.flatnonzero(set_ids == s), columns[self._sets[int(s)]])
             for s in np.unique(set_ids)
@@ -419,11 +477,12 @@ class RecordingReader:
             flat = np.frombuffer(b"".join(blob(b, what) for (b,) in blobs), dtype=dtype)
             del blobs
             if name == "status":
-                flat = status_codes(flat, self.format_version)
+                flat = status_codes_known(status_codes(flat, self.format_version), what)
                 target = history._status[start:end]
                 if not covers_all:
                     target[:] = STATUS_MISSING
             else:
+                no_negative(flat, what)
                 target = history._stats[name][start:end]
                 if not covers_all:
                     target[:] = MISSING
@@ -437,6 +496,7 @@ class RecordingReader:
             which = np.searchsorted(rows, np.array([r for r, _ in sparse], dtype=np.int64))
             what = "a step's update_ratio values"
             flat = np.frombuffer(b"".join(blob(b, what) for _, b in sparse), dtype=np.float32)
+            no_negative(flat, what)
             scatter(ratios, flat, None if len(which) == n else which)
 
         if self.has_parameter_norms:
@@ -469,6 +529,29 @@ class RecordingReader:
         self._add_events(history, events, origin_data, follow)
         return n
 
+    def _check_steps(
+        self, columns_read: str, scale_column: str, wall_column: str, selection: tuple
+    ) -> None:
+        """The steps rows a read takes hold only what the format stores there: found in
+        SQLite (no Python loop over rows), then said by stored_values on the row found."""
+        numbers = "'real', 'integer', 'null'"
+        bad = (
+            "typeof(row) != 'integer' OR typeof(step) != 'integer' "
+            "OR typeof(layer_set) != 'integer' OR typeof(flags) != 'integer' "
+            f"OR flags < 0 OR (flags & ~{_KNOWN_FLAGS}) != 0 "
+            f"OR typeof(loss) NOT IN ({numbers}) "
+            f"OR typeof(total_grad_norm) NOT IN ({numbers}) OR total_grad_norm < 0 "
+            f"OR typeof({scale_column}) NOT IN ({numbers}) OR {scale_column} < 0 "
+            f"OR typeof({wall_column}) NOT IN ({numbers})"
+        )
+        found = self._connection.execute(
+            f"SELECT {columns_read} FROM steps WHERE ({selection[0]}) AND ({bad}) LIMIT 1",
+            selection[1],
+        ).fetchone()
+        if found is not None:
+            step_rows([found], _KNOWN_FLAGS)
+            raise StoredValueError(f"row {found[0]} holds a value the format does not store")
+
     def _read_parameter_norms(
         self,
         history: RunHistory,
@@ -499,6 +582,7 @@ class RecordingReader:
             flat = np.frombuffer(
                 b"".join(blob(b, what) for _, _, b in found[run_start:i]), dtype=np.float32
             )
+            no_negative(flat, what)
             if len(flat) != (i - run_start) * len(names):
                 raise ValueError("stored parameter norms do not match their parameters")
             norms.add(
@@ -517,8 +601,8 @@ class RecordingReader:
         ).fetchone()
         if rewinds is None:
             return
-        _, step, cut_row = rewinds
-        history.rewind_to(int(step))
+        step, cut_row = rewind_row(rewinds[1], rewinds[2])
+        history.rewind_to(step)
         self.loss_recorded = self.loss_recorded[: history.count]
         self._last_row = min(self._last_row, int(cut_row) - 1)
         kept = connection.execute("SELECT MAX(id) FROM events WHERE row < ?", (cut_row,))
@@ -605,7 +689,9 @@ class RecordingReader:
                         what = f"a step's {statistic} values"
                         flat = np.frombuffer(b"".join(blob(b, what) for _, b in found), dtype=dtype)
                         if statistic == "status":
-                            flat = status_codes(flat, self.format_version)
+                            flat = status_codes_known(status_codes(flat, self.format_version), what)
+                        else:
+                            no_negative(flat, what)
                         if len(flat) != len(found):
                             raise ValueError(f"{statistic} values do not match their layers")
                         values[np.searchsorted(table[:, 0], rows)] = flat

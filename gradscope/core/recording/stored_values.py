@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gradscope.core.facts import Origin
-from gradscope.core.history import Event
+import numpy as np
+
+from gradscope.core.facts import STATUS_NAMES, Origin
+from gradscope.core.history import MISSING, Event
 
 
 class StoredValueError(ValueError):
@@ -59,22 +61,95 @@ def number(value: Any, what: str) -> float | None:
     return float(value)
 
 
+def count(value: Any, what: str) -> int:
+    """An integer that counts something (parameters, a row number): never negative."""
+    found = integer(value, what)
+    if found < 0:
+        raise StoredValueError(f"{what} is {found}, below 0")
+    return found
+
+
 def layer_row(name: Any, type_name: Any, params: Any) -> tuple[str, str, int]:
     return (
         text(name, "a layer's name"),
         text(type_name, f"layer {name!r}'s type"),
-        integer(params, f"layer {name!r}'s parameter count"),
+        count(params, f"layer {name!r}'s parameter count"),
     )
 
 
 def tree_row(row: tuple[Any, ...]) -> tuple[str, str, int, int]:
     name, type_name, own, total = row
+    own = count(own, f"module {name!r}'s parameter count")
+    total = count(total, f"module {name!r}'s total parameter count")
+    if total < own:
+        raise StoredValueError(
+            f"module {name!r} has {own} parameters of its own but {total} in all"
+        )
     return (
         text(name, "a module's name in the tree"),
         text(type_name, f"module {name!r}'s type"),
-        integer(own, f"module {name!r}'s parameter count"),
-        integer(total, f"module {name!r}'s total parameter count"),
+        own,
+        total,
     )
+
+
+def step_rows(rows: list[tuple[Any, ...]], known_flags: int) -> None:
+    """The ``steps`` rows a read fetched (row, step, layer_set, loss, total_grad_norm,
+    flags, loss_scale, wall_time): integers where the format stores integers, numbers (or
+    NULL) where it stores reals, no flag bit the format does not define, no negative norm
+    or loss scale."""
+    for row, step, layer_set, loss, total, flags, scale, wall_time in rows:
+        count(row, "a step's row number")
+        integer(step, f"row {row}'s step number")
+        integer(layer_set, f"row {row}'s layer set")
+        integer(flags, f"row {row}'s flags")
+        if flags < 0 or flags & ~known_flags:
+            raise StoredValueError(f"row {row}'s flags are {flags}, beyond those the format sets")
+        number(loss, f"row {row}'s loss")
+        number(wall_time, f"row {row}'s wall-clock time")
+        if (number(total, f"row {row}'s total gradient norm") or 0.0) < 0:
+            raise StoredValueError(f"row {row}'s total gradient norm is {total}, below 0")
+        if (number(scale, f"row {row}'s loss scale") or 0.0) < 0:
+            raise StoredValueError(f"row {row}'s loss scale is {scale}, below 0")
+
+
+def rewind_row(step: Any, row: Any) -> tuple[int, int]:
+    """A ``rewinds`` row: the step rewound to and the first row it removed."""
+    return integer(step, "a rewind's step"), count(row, "a rewind's row")
+
+
+def writer_lock_row(
+    pid: Any, host: Any, heartbeat: Any
+) -> tuple[int | None, str | None, float | None]:
+    """The writer lock: the writer's process id, host and last heartbeat (all NULL when no
+    writer holds it)."""
+    if pid is not None:
+        count(pid, "the writer's process id")
+    return (
+        pid,
+        optional_text(host, "the writer's host"),
+        number(heartbeat, "the writer's heartbeat"),
+    )
+
+
+def status_codes_known(codes: np.ndarray, what: str) -> np.ndarray:
+    """Stored status codes, each one GradScope defines (``STATUS_NAMES``)."""
+    if len(codes) and int(codes.max()) >= len(STATUS_NAMES):
+        raise StoredValueError(
+            f"{what} hold status code {int(codes.max())}; the codes are 0-{len(STATUS_NAMES) - 1}"
+        )
+    return codes
+
+
+def no_negative(values: np.ndarray, what: str) -> np.ndarray:
+    """Norms and ratios: never below 0 (NaN and +Inf are real values here), except
+    ``MISSING``, what a step that did not measure a statistic stores for it."""
+    # Two counts, no copy of the values: a full load checks tens of millions of them.
+    if np.count_nonzero(values < 0) != np.count_nonzero(values == MISSING):
+        negative = values[values < 0]
+        wrong = negative[negative != MISSING]
+        raise StoredValueError(f"{what} hold a negative value ({float(wrong.min()):g})")
+    return values
 
 
 def event(step: Any, kind: Any, layer: Any, message: Any) -> Event:

@@ -615,6 +615,8 @@ class RecordingWriter:
         ):
             batch.events.append((row, step, event.kind, event.layer, event.message))
         self._worst[positions] = np.maximum(self._worst[positions], status)
+        for kind, layer, message in stats.episode_events or ():
+            batch.events.append((row, step, kind, layer, message))
         if origin is not None:
             batch.events.append((row, step, "origin", origin.module, origin.describe()))
             batch.origins.append((row, json.dumps(origin.to_dict(), default=str)))

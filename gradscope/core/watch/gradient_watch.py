@@ -275,10 +275,16 @@ class GradientWatch:
     @step.setter
     def step(self, value: int) -> None:
         # A runner that replaces or rewinds its watch keeps the step numbering going; a
-        # rewound run starts a new timeline, so a NaN after it is a new episode.
-        self._step = int(value)
-        self.episodes.in_episode = False
-        self.statuses.forget()
+        # rewound run (a step before the next one) starts a new timeline, so a NaN after it
+        # is a new episode. A callback that numbers each step as its library does sets the
+        # number the watch expects, or a later one (a skipped step): the same timeline, so
+        # the episode (and a vanishing layer's count) goes on.
+        value = int(value)
+        rewound = value < self._step
+        self._step = value
+        if rewound:
+            self.episodes.in_episode = False
+            self.statuses.forget()
         self._arm_outputs()
 
     @property

@@ -4,7 +4,7 @@ the loss value itself is too large for its dtype."""
 from __future__ import annotations
 
 from gradscope.core.facts import Origin
-from gradscope.core.hints.values import holds_inf, max_abs, values, where
+from gradscope.core.hints.values import holds_inf, max_abs, operands, values, where
 
 
 def hint(origin: Origin) -> str | None:
@@ -13,7 +13,7 @@ def hint(origin: Origin) -> str | None:
         return None
     return (
         f"The loss computation ({where(origin)}) overflowed to Inf from finite values (largest "
-        f"|input| {max_abs(inputs):.3g}): the loss is too large for its dtype. Lower the loss "
-        "scale, use mean instead of sum reduction, normalise the targets or compute the loss "
-        "in float32, and look for exploding activations upstream."
+        f"|input| {max_abs(operands(origin)):.3g}): the loss is too large for its dtype. Lower "
+        "the loss scale, use mean instead of sum reduction, normalise the targets or compute "
+        "the loss in float32, and look for exploding activations upstream."
     )

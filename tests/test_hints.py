@@ -18,36 +18,45 @@ from torch import nn
 
 from gradscope.core import hints
 from gradscope.core.hints import (
+    backward_divide_by_subnormal,
     backward_divide_by_zero,
     backward_domain_edge,
     backward_half_overflow,
+    backward_half_underflow,
     backward_large_derivative,
     backward_overflow,
+    backward_overflow_of_large_values,
     backward_root_at_zero,
     bad_batch,
     cross_entropy_empty_mean,
+    cross_entropy_smoothing_over_mask,
     ctc_no_alignment,
     custom_function,
     default_loss,
     division,
+    division_by_empty_count,
     exp_overflow,
+    fractional_power_of_negative,
     half_overflow,
     log_of_negative,
     log_of_zero,
     loss_overflow,
     mask_aggregated,
+    mask_made_nan,
     mask_reached_loss,
     nonfinite_input_to_nan,
     outside_domain,
     overflow,
     reciprocal_of_zero,
     reduction_of_too_few,
+    root_of_cancellation,
     root_of_negative,
     softmax_fully_masked,
     softmax_of_inf,
     unsure,
     weights_broken_by_update,
     weights_never_initialised,
+    zero_times_inf,
 )
 from gradscope.core.origin import Origin, locate_first_nonfinite
 
@@ -496,3 +505,284 @@ def test_mask_aggregated_evidence_addmm_reduces_its_matrices_not_its_bias():
     assert torch.isinf(scores).sum() == 3
     weights = Wrapped(lambda h: torch.softmax(torch.addmm(mask, h, torch.ones(4, 2)), dim=-1))
     assert locate_first_nonfinite(weights, lambda: weights(x).sum()) is None
+
+
+# -- hints that name the quantity, the dtype and the argument (#39) --------------------------
+def test_fractional_power_of_negative_evidence_exponent_and_negative_base():
+    for power, exponent in ((lambda h: h.pow(-0.5), "-0.5"), (lambda h: h**0.5, "0.5")):
+        origin = _locate(power, torch.tensor([1.0, -2.0, 3.0]))
+        text = _chosen(origin, fractional_power_of_negative)
+        assert f"base minimum -2) to the fractional power {exponent}" in text
+        assert ("not to 0: 0 to a negative power is Inf" in text) == (exponent == "-0.5")
+    # an integer exponent of a negative base is fine
+    assert _locate(lambda h: h.pow(2) * torch.tensor(math.inf), torch.tensor([-2.0])).op != (
+        "Tensor.pow"
+    )
+
+
+def test_backward_divide_by_subnormal_evidence_xlogys_y_holds_a_subnormal():
+    """xlogy(x, y) saves both operands; its y (saved as ``other``) holds 1e-40, which is not
+    0 but whose reciprocal overflows float32. The hint quotes y, not the harmless x."""
+    model = nn.Linear(3, 3)
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(3))
+        model.bias.zero_()
+    probs, target = torch.tensor([[1e-40, 0.5, 2.0]]), torch.tensor([[0.5, 0.25, 0.25]])
+    origin = locate_first_nonfinite(model, lambda: -torch.xlogy(target, model(probs)).sum())
+    assert (origin.phase, origin.kind) == ("backward", "inf")
+    text = _chosen(origin, backward_divide_by_subnormal)
+    assert "its saved other (the y of xlogy(x, y)): 1 of its values are subnormal" in text
+    assert "smallest |value| 1e-40" in text and "smallest normal float32" in text
+    assert "0.25" not in text  # the x it also saved is not the culprit
+
+
+def test_backward_half_underflow_evidence_atan2_squares_below_float16():
+    origin = _locate(
+        lambda h: torch.atan2(h, h * 0.5), torch.tensor([1e-4, 2e-4, 1.0]).half(), torch.float16
+    )
+    assert (origin.phase, origin.kind) == ("backward", "inf")
+    text = _chosen(origin, backward_half_underflow)
+    assert "a^2 + b^2, which is 0 here only because it underflowed in float16" in text
+    assert "torch.atan2(a.float(), b.float())" in text
+    # the same values in float32 do not underflow
+    model = Wrapped(lambda h: torch.atan2(h, h * 0.5))
+    x = torch.tensor([1e-4, 2e-4, 1.0])
+    assert locate_first_nonfinite(model, lambda: model(x).sum()) is None
+
+
+class _MaskedScores(nn.Module):
+    """Scores masked to -inf in the model's own forward, then weighted: the weight of 0 at a
+    masked position makes 0 * -inf = NaN."""
+
+    def __init__(self, factor: float | None = None) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.tensor([True, True, False, True])
+        scores = self.proj(x).masked_fill(~keep, -math.inf)  # <- the deliberate mask
+        if self.factor is not None:
+            return (scores * self.factor).sum()
+        return (scores * torch.tensor([1.0, 1.0, 0.0, 1.0])).sum()
+
+
+def _marked_line(marker: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(number for number, text in enumerate(lines, 1) if marker in text)
+
+
+def test_mask_made_nan_evidence_where_the_deliberate_minus_inf_was_written():
+    torch.manual_seed(0)
+    model = _MaskedScores()
+    origin = locate_first_nonfinite(model, lambda: model(torch.randn(3, 4)))
+    # the origin stays the op that made the NaN
+    assert (origin.phase, origin.kind, origin.op) == ("forward", "nan", "Tensor.mul")
+    text = _chosen(origin, mask_made_nan)
+    line = _marked_line("# <- the deliberate mask")
+    assert f"Tensor.masked_fill at {__file__}:{line}" in text
+    assert "came in from outside" not in text
+    assert "large finite value" in text and "loss weight/mask" in text
+
+
+def test_zero_times_inf_evidence_a_python_zero_operand():
+    torch.manual_seed(0)
+    model = _MaskedScores(factor=0.0)
+    origin = locate_first_nonfinite(model, lambda: model(torch.randn(3, 4)))
+    text = _chosen(origin, zero_times_inf)
+    assert "by the Python number 0.0 (argument arg1): 0 * Inf is NaN" in text
+    assert "written on purpose by Tensor.masked_fill" in text
+    assert origin.details["evidence"]["arguments"] == {"arg1": 0.0}
+
+
+def test_root_of_cancellation_evidence_bfloat16_variance_by_subtraction():
+    """E(h^2) - E(h)^2 under bfloat16 autocast: h is about 30 with a spread of about 0.5,
+    so E(h^2) is about 900, whose bfloat16 rounding step (4) swamps the variance."""
+    torch.manual_seed(0)
+    model = nn.Linear(64, 64)
+    with torch.no_grad():
+        model.bias.fill_(30.0)
+    x = torch.randn(8, 64)
+
+    def compute_loss():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = model(x)
+            variance = (h * h).mean(-1) - h.mean(-1) ** 2
+            return variance.sqrt().float().sum()
+
+    assert float(model(x).float().var(-1, unbiased=False).min()) > 0.1  # the true variance
+    origin = locate_first_nonfinite(model, compute_loss)
+    assert (origin.kind, origin.op) == ("nan", "Tensor.sqrt")
+    text = _chosen(origin, root_of_cancellation)
+    assert "ran in bfloat16 under bfloat16 autocast, which keeps 8 significant bits" in text
+    assert "two passes" in text and "in float32" in text
+    assert "Clamping at 0 only hides the rounding error" in text
+    # a negative input that is not a difference of averages keeps the plain rule
+    plain = _locate(lambda h: torch.sqrt(h - 3), torch.ones(2))
+    assert root_of_cancellation.hint(plain) is None
+
+
+def test_cross_entropy_smoothing_over_mask_evidence_label_smoothing_argument():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 5)
+    keep = torch.tensor([True, True, True, False, False])
+    x, target = torch.randn(3, 4), torch.tensor([0, 1, 2])
+
+    def compute_loss(smoothing: float):
+        masked = model(x).masked_fill(~keep, -math.inf)
+        return F.cross_entropy(masked, target, label_smoothing=smoothing)
+
+    origin = locate_first_nonfinite(model, lambda: compute_loss(0.1))
+    assert (origin.kind, origin.op) == ("inf", "F.cross_entropy")
+    text = _chosen(origin, cross_entropy_smoothing_over_mask)
+    assert "label_smoothing=0.1 gives 0.1 of each target over all 5 classes" in text
+    assert "6 masked logits" in text and "reduction='mean'" in text
+    # the harmful remedy is named as such, never advised
+    assert "Do not replace -inf by torch.finfo(dtype).min" in text
+    assert torch.isfinite(compute_loss(0.0))  # without smoothing the same mask is fine
+    # the harm the hint names, measured: finfo.min as the mask value with smoothing gives
+    # ~7e36 for one row with one masked class, and Inf again once two such terms are summed
+    keep = torch.arange(5) < 4
+    for rows, low, high in ((1, 1e36, 1e38), (2, math.inf, math.inf)):
+        filled = torch.randn(rows, 5).masked_fill(~keep, torch.finfo(torch.float32).min)
+        target = torch.zeros(rows, dtype=torch.long)
+        loss = float(F.cross_entropy(filled, target, label_smoothing=0.1))
+        assert low <= loss <= high
+
+
+def test_division_by_empty_count_evidence_an_integer_count_of_zero():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    x, mask = torch.randn(3, 4), torch.zeros(3, dtype=torch.bool)
+    origin = locate_first_nonfinite(model, lambda: (model(x).squeeze(-1) * mask).sum() / mask.sum())
+    assert (origin.phase, origin.kind, origin.op) == ("loss", "nan", "Tensor.div")
+    text = _chosen(origin, division_by_empty_count)
+    assert "divided by a count that is 0 for this batch (an int64 tensor" in text
+    assert "count.clamp(min=1)" in text and "Do not add an epsilon to the count" in text
+    # a float denominator of 0.0 may be a std: the generic division rule, which no longer
+    # advises an epsilon for a count
+    spread = locate_first_nonfinite(model, lambda: (model(x) * 0).sum() / (model(x) * 0).std())
+    text = _chosen(spread, division)
+    assert "count.clamp(min=1)" in text
+
+
+def test_bad_batch_lists_an_augmentation_that_made_the_nan():
+    """A gamma augmentation (x ** 0.8) applied after normalisation made pixels below 0 NaN:
+    the data loader, not the raw data, made it; the hint lists that cause."""
+    torch.manual_seed(0)
+    raw = torch.rand(4, 3, 8, 8)
+    normalised = (raw - 0.5) / 0.25
+    augmented = normalised**0.8  # NaN wherever normalisation made a pixel negative
+    model = nn.Sequential(nn.Flatten(), nn.Linear(192, 2))
+    target = torch.tensor([0, 1, 0, 1])
+    origin = locate_first_nonfinite(
+        model, lambda: F.cross_entropy(model(augmented), target), batch=(augmented, target)
+    )
+    text = _chosen(origin, bad_batch)
+    assert "augmentation or transform that makes NaN from valid data" in text
+    assert "a power or a log outside its domain" in text
+
+
+def test_unsure_lists_the_evidence_and_advises_nothing():
+    origin = _locate(lambda h: torch.erfinv(h * 2), torch.ones(2))
+    text = _chosen(origin, unsure)
+    assert "What was recorded: input 0 float32 in [2, 2]." in text
+    for advice in ("epsilon", "clamp", "learning rate", "GradScaler"):
+        assert advice not in text
+
+
+# -- #35: the hints on a blow-up, a BatchNorm, the batch and mixed precision -------------------
+class _TinyAttentionLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 32)
+        self.attention = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.head = nn.Linear(32, 16)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        mixed, _ = self.attention(h, h, h, need_weights=False)
+        return self.head(h + mixed)
+
+
+def test_backward_overflow_of_large_values_evidence_exploded_weights_in_attention():
+    """Weights 300x too large (what a learning rate blow-up leaves): the loss is finite
+    (about 3e9) but the attention's backward overflows its huge saved values into NaN."""
+    torch.manual_seed(0)
+    model = _TinyAttentionLM()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(300)
+    tokens = torch.randint(0, 16, (4, 12))
+
+    def compute_loss():
+        return F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+
+    assert 1e8 < float(compute_loss()) < 1e12
+    origin = locate_first_nonfinite(model, compute_loss)
+    assert (origin.phase, origin.kind, origin.module) == ("backward", "nan", "attention")
+    text = _chosen(origin, backward_overflow_of_large_values)
+    assert "the values it saved from the forward reach" in text
+    assert "learning rate is too high" in text
+    assert "derivative is undefined" not in text
+
+
+def test_batch_norm_overflow_never_quotes_running_var_as_the_largest_input():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).eval()
+    with torch.no_grad():
+        model[1].running_var.fill_(1e36)
+        model[1].weight.fill_(1e30)
+    x = torch.randn(8, 4) * 1e30
+    origin = locate_first_nonfinite(model, lambda: model(x).sum())
+    assert (origin.module, origin.op) == ("1", "F.batch_norm")
+    inputs = origin.details["values"]["inputs"]
+    assert {"1.running_mean", "1.running_var"} <= {v.get("name") for v in inputs}
+    text = _chosen(origin, overflow)
+    largest = float(text.split("largest |input| ")[1].split(")")[0])
+    assert largest < 1e31  # the layer's input, not running_var's 1e36
+
+
+def test_the_input_origin_does_not_repeat_itself():
+    model = nn.Linear(4, 1)
+    x, target = torch.randn(5, 4), torch.randn(5, 1)
+    x[3, 1] = math.nan
+    origin = locate_first_nonfinite(model, lambda: F.mse_loss(model(x), target), batch=(x, target))
+    described = origin.describe()
+    assert described.count("batch") == 1, described
+    assert "inputs holds 1 NaN in sample 3" in described
+    assert origin.details["hint"].count("in the batch") == 1
+
+
+def test_half_overflow_under_autocast_with_a_scaler_advises_neither():
+    import gradscope
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[0].weight.fill_(200.0)
+        model[1].weight.fill_(200.0)
+    x = torch.full((2, 4), 1.0)
+    scaler = torch.amp.GradScaler("cpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    watch = gradscope.watch(model, scaler=scaler, optimizer=optimizer)
+
+    def compute_loss():
+        with torch.autocast("cpu", dtype=torch.float16):
+            return model(x).float().mean()
+
+    loss = compute_loss()
+    scaler.scale(loss).backward()
+    stats = watch.collect(loss, locate=compute_loss)
+    origin = stats.origin
+    assert origin is not None and origin.details.get("loss_scaler")
+    assert origin.details["evidence"]["autocast"] == "float16"
+    text = _chosen(origin, half_overflow)
+    assert "already uses autocast and a GradScaler" in text
+    assert "with GradScaler" not in text
+    # the same origin without a scaler or autocast gets the usual advice
+    origin.details.pop("loss_scaler")
+    origin.details["evidence"].pop("autocast")
+    assert "autocast (which keeps overflow-prone ops in float32) with GradScaler" in (
+        half_overflow.hint(origin)
+    )

@@ -31,7 +31,7 @@ def hint(origin: Origin) -> str | None:
         "allowed classes only (pass the loss the allowed logits, logits[..., allowed], with "
         "targets mapped to them, or write the smoothing term as the mean of -log_softmax "
         "over the kept classes). label_smoothing=0 also removes it. Do not replace -inf by "
-        "torch.finfo(dtype).min: the smoothing term then adds about smoothing/classes * "
-        "3.4e38 per masked class, a loss near 1e37; any large finite fill shifts the loss "
-        "by a constant of that size."
+        "torch.finfo(dtype).min: the smoothing term then adds smoothing/classes * 3.4e38 per "
+        "masked class and row, a loss near 1e37, and Inf again once two such terms are "
+        "summed; any large finite fill shifts the loss by smoothing/classes times the fill."
     )

@@ -683,6 +683,39 @@ def test_bad_batch_lists_an_augmentation_that_made_the_nan():
     assert "a power or a log outside its domain" in text
 
 
+def test_root_of_negative_evidence_rounding_in_hand_written_pairwise_distances():
+    """|a|^2 + |b|^2 - 2 a.b is >= 0 exactly, but its diagonal rounds to -3e-5 among
+    distances up to ~440: rounding noise, for which a clamp is the right fix."""
+    torch.manual_seed(0)
+    points = torch.randn(6, 16) * 3
+
+    def distances(h):
+        squares = (h * h).sum(-1)
+        return torch.sqrt(squares[:, None] + squares[None, :] - 2 * h @ h.T)
+
+    origin = _locate(distances, points)
+    text = _chosen(origin, root_of_negative)
+    assert "within float32's rounding of 0 for values up to 444" in text
+    assert "x.clamp_min(1e-12)" in text
+    # far from rounding (min -2 among values of 2): the clamp is not advised as the fix
+    text = _chosen(_locate(lambda h: torch.sqrt(h - 3), torch.ones(2)), root_of_negative)
+    assert "a clamp would hide the error" in text
+
+
+def test_log_of_zero_from_a_softmax_names_log_softmax_as_the_usual_fix():
+    origin = _locate(lambda h: torch.log(torch.softmax(h * 1000, -1)), torch.tensor([0.0, 1.0]))
+    text = _chosen(origin, log_of_zero)
+    assert "from torch.softmax, whose output underflowed to 0" in text
+    assert "Use log_softmax on the logits" in text and "the usual fix" in text
+
+
+def test_backward_root_at_zero_in_float16_advises_an_epsilon_float16_can_hold():
+    origin = _locate(lambda h: torch.sqrt(h * 0), torch.ones(2, dtype=torch.float16), torch.float16)
+    text = _chosen(origin, backward_root_at_zero)
+    assert "eps = 1e-6, since 1e-12 rounds to 0 in float16" in text
+    assert "compute it in float32" in text
+
+
 def test_unsure_lists_the_evidence_and_advises_nothing():
     origin = _locate(lambda h: torch.erfinv(h * 2), torch.ones(2))
     text = _chosen(origin, unsure)

@@ -227,6 +227,7 @@ def test_cross_entropy_empty_mean_evidence_every_target_ignored():
     origin = locate_first_nonfinite(model, lambda: F.cross_entropy(model(x), target))
     text = _chosen(origin, cross_entropy_empty_mean)
     assert "every one of the 2 targets is ignore_index (-100)" in text and "0/0" in text
+    assert "with reduction='mean'" in text  # the argument that makes it 0/0
 
 
 @pytest.mark.filterwarnings("ignore:std.. degrees of freedom")
@@ -309,6 +310,9 @@ def test_softmax_fully_masked_evidence_a_row_masked_for_every_key():
 
     text = _chosen(_locate(attention, torch.randn(3)), softmax_fully_masked)
     assert "-Inf for every key (batch index 1)" in text
+    # the finite fill is not offered as harmless: those rows then attend to padding
+    assert "Usual fix: make sure every query keeps at least one unmasked key" in text
+    assert "attend evenly to padding" in text
 
 
 class _PlusInfBias(nn.Module):

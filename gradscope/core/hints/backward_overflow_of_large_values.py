@@ -29,6 +29,7 @@ def hint(origin: Origin) -> str | None:
         f"{which}: products in its derivative overflowed to Inf, and Inf - Inf is NaN. The "
         "op is not at fault; activations this large come from weights that grew, usually "
         "because the learning rate is too high for this model (a loss that rose by orders "
-        "of magnitude before this step confirms it). Lower the learning rate or warm it up, "
-        "clip gradients (clip_grad_norm_), and resume from a checkpoint before the blow-up."
+        "of magnitude before this step confirms it), or from inputs that were never "
+        "normalised. Lower the learning rate or warm it up, clip gradients "
+        "(clip_grad_norm_), and resume from a checkpoint before the blow-up."
     )

@@ -1,7 +1,7 @@
 """Evidence: a sqrt/rsqrt (or a fractional power) made NaN from a negative input that a
 subtraction of averages made (the ops behind its input, recorded as ``inputs_made_by``: a
-subtraction whose operands came from a mean or a sum): a difference of two nearly equal
-quantities, E(x^2) - E(x)^2, rounds below 0. Its dtype says how much
+subtraction of a mean or sum and a square, or of two means): a difference of two nearly
+equal quantities, E(x^2) - E(x)^2, rounds below 0. Its dtype says how much
 precision the subtraction had (8 significant bits in bfloat16, 11 in float16), and the
 autocast dtype in force is recorded with it."""
 
@@ -21,12 +21,16 @@ from gradscope.core.hints.values import (
 ROOTS = {"sqrt", "rsqrt", "pow", "__pow__", "float_power"}
 SUBTRACTIONS = {"sub", "__sub__", "__rsub__", "subtract", "rsub"}
 AVERAGES = {"mean", "sum", "nanmean", "nansum", "avg_pool1d", "avg_pool2d"}
+SQUARES = {"pow", "__pow__", "square", "mul", "__mul__"}
 
 
 def _difference_of_averages(made: dict | None) -> bool:
+    """E(x^2) - E(x)^2: a subtraction of an average and a square (or of two averages)."""
     if not made or base_op(made.get("op")) not in SUBTRACTIONS:
         return False
-    return any(base_op(op) in AVERAGES for op in made.get("from", []))
+    sides = [base_op(op) for op in made.get("from", [])]
+    averages = sum(side in AVERAGES for side in sides)
+    return averages >= 2 or (averages == 1 and any(side in SQUARES for side in sides))
 
 
 BITS = {"bfloat16": 8, "float16": 11, "float32": 24, "float64": 53}

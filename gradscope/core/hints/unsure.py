@@ -48,6 +48,8 @@ def hint(origin: Origin) -> str:
         if inputs and not (holds_inf(inputs) or holds_nan(inputs))
         else "the inputs recorded below"
     )
+    if origin.phase == "backward":
+        given = "a finite incoming gradient"
     part = "The loss computation" if origin.phase == "loss" else where(origin)
     listed = _evidence_listed(origin)
     facts = f" What was recorded: {listed}." if listed else ""

@@ -81,7 +81,7 @@ class Episodes:
             if stats.loss_scale is not None:
                 # the hints advise a loss scaler only to a loop that has none
                 origin.details["loss_scaler"] = True
-                if origin.details.get("hint"):
+                if origin.details.get("hint") and origin.phase != "unknown":
                     origin.details["hint"] = hint_for(origin)
         if stats.ranks is not None and rank is not None:
             name_the_rank(origin, stats.ranks, rank)

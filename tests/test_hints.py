@@ -24,6 +24,7 @@ from gradscope.core.hints import (
     backward_half_overflow,
     backward_half_underflow,
     backward_large_derivative,
+    backward_of_discarded_nonfinite,
     backward_overflow,
     backward_overflow_of_large_values,
     backward_root_at_zero,
@@ -36,6 +37,7 @@ from gradscope.core.hints import (
     division,
     division_by_empty_count,
     exp_overflow,
+    forward_domain_edge,
     fractional_power_of_negative,
     half_overflow,
     log_of_negative,
@@ -719,6 +721,40 @@ def test_backward_root_at_zero_in_float16_advises_an_epsilon_float16_can_hold():
     text = _chosen(origin, backward_root_at_zero)
     assert "eps = 1e-6, since 1e-12 rounds to 0 in float16" in text
     assert "compute it in float32" in text
+
+
+def test_backward_of_discarded_nonfinite_evidence_where_kept_a_nan_branch():
+    """torch.where(h > 0, sqrt(h), 0): the forward is finite, sqrt's backward at -1 is not."""
+    origin = _locate(
+        lambda h: torch.where(h > 0, torch.sqrt(h), torch.zeros_like(h)), torch.tensor([1.0, -1.0])
+    )
+    assert (origin.phase, origin.kind) == ("backward", "nan")
+    text = _chosen(origin, backward_of_discarded_nonfinite)
+    assert "its forward already made 1 NaN (in its saved result)" in text
+    assert "torch.where(ok, torch.sqrt(torch.where(ok, x, 1)), 0)" in text
+    assert "overflowed" not in text
+    assert backward_large_derivative.hint(origin) is None  # it claims overflows: Inf only
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "values", "expected"),
+    [
+        ("atanh", torch.atanh, [0.5, 1.0], "atanh(+-1) is +-Inf, and its input reaches 1"),
+        ("logit", torch.logit, [0.5, 1.0], "no eps was passed"),
+        ("logit eps", lambda h: torch.logit(h, eps=0.0), [0.0, 0.5], "its eps argument is 0.0"),
+        ("log1p", torch.log1p, [0.5, -1.0], "its input reaches -1, and it is -Inf at -1"),
+        ("log1p below", torch.log1p, [0.5, -2.0], "it is NaN below -1"),
+        ("inverse", lambda h: h.pow(-1), [0.5, 0.0], "raised 0 to the negative power -1"),
+        ("inverse square", lambda h: h**-2, [0.5, 0.0], "raised 0 to the negative power -2"),
+    ],
+)
+def test_forward_domain_edge_evidence_an_edge_of_the_domain_is_no_overflow(
+    name, fn, values, expected
+):
+    origin = _locate(fn, torch.tensor(values))
+    text = _chosen(origin, forward_domain_edge)
+    assert expected in text, name
+    assert "overflowed" not in text and "learning rate" not in text
 
 
 def test_unsure_lists_the_evidence_and_advises_nothing():

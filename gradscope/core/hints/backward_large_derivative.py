@@ -14,7 +14,7 @@ from gradscope.core.hints.values import base_op, divisor, max_abs, saved, values
 
 def hint(origin: Origin) -> str | None:
     op = base_op(origin.op)
-    if origin.phase != "backward" or op not in ROOTS | LOGS | DIVISIONS:
+    if origin.phase != "backward" or origin.kind != "inf" or op not in ROOTS | LOGS | DIVISIONS:
         return None
     found = divisor(origin) if op in LOGS | DIVISIONS else None
     forward = found[1] if found else saved(origin, "result", "self")

@@ -9,7 +9,9 @@ from gradscope.core.hints.values import base_op, fmt, min_input, where
 
 def hint(origin: Origin) -> str | None:
     low = min_input(origin)
-    if origin.phase == "backward" or base_op(origin.op) not in LOGS or low is None or low >= 0:
+    if origin.phase == "backward" or base_op(origin.op) not in LOGS - {"log1p"}:
+        return None
+    if low is None or low >= 0:
         return None
     return (
         f"{where(origin)} got negative inputs (minimum {fmt(low)}): the log of a negative "

@@ -16,7 +16,9 @@ EXACT = {
 
 
 def hint(origin: Origin) -> str | None:
-    if origin.phase == "backward" or base_op(origin.op) not in LOGS or min_input(origin) != 0:
+    if origin.phase == "backward" or base_op(origin.op) not in LOGS - {"log1p"}:
+        return None
+    if min_input(origin) != 0:
         return None
     made = [m for m in evidence(origin, "inputs_made_by") or [] if m]
     maker = base_op(made[0]["op"]) if made else ""

@@ -29,6 +29,7 @@ from gradscope.core.hints import (
     backward_overflow_of_large_values,
     backward_root_at_zero,
     bad_batch,
+    cast_overflow,
     cross_entropy_empty_mean,
     cross_entropy_smoothing_over_mask,
     ctc_no_alignment,
@@ -755,6 +756,20 @@ def test_forward_domain_edge_evidence_an_edge_of_the_domain_is_no_overflow(
     text = _chosen(origin, forward_domain_edge)
     assert expected in text, name
     assert "overflowed" not in text and "learning rate" not in text
+
+
+def test_cast_overflow_evidence_a_float16_conversion_of_values_above_65504():
+    for cast in (lambda h: h.half(), lambda h: h.to(torch.float16)):
+        origin = _locate(cast, torch.tensor([1.0, 1e5]))
+        text = _chosen(origin, cast_overflow)
+        assert "converted values up to 1e+05 to float16" in text
+        assert "learning rate" not in text
+
+
+def test_log_of_zero_from_one_minus_sigmoid_names_logsigmoid():
+    origin = _locate(lambda h: -torch.log(1 - torch.sigmoid(h * 100)), torch.tensor([1.0]))
+    text = _chosen(origin, log_of_zero)
+    assert "from 1 - sigmoid(x)" in text and "F.logsigmoid(-x)" in text
 
 
 def test_unsure_lists_the_evidence_and_advises_nothing():

@@ -1,6 +1,6 @@
 """Evidence: a log op whose input minimum is exactly 0: log(0) is -Inf. When the op that
-made its input is recorded (``inputs_made_by``) and is a softmax or a sigmoid, the exact
-log-space op is the usual fix."""
+made its input is recorded (``inputs_made_by``) and is a softmax or a sigmoid (or 1 minus a
+sigmoid), the exact log-space op is the usual fix."""
 
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ def hint(origin: Origin) -> str | None:
         return None
     made = [m for m in evidence(origin, "inputs_made_by") or [] if m]
     maker = base_op(made[0]["op"]) if made else ""
+    before = {base_op(op) for op in made[0].get("from", [])} if made else set()
+    if maker in ("rsub", "__rsub__", "sub", "__sub__") and "sigmoid" in before:
+        return (
+            f"{where(origin)} got zeros (input minimum 0) from 1 - sigmoid(x), which rounds to "
+            "0 once sigmoid(x) rounds to 1 (x above about 17 in float32): log of 0 is -Inf. "
+            "log(1 - sigmoid(x)) is F.logsigmoid(-x), exact for every x: the usual fix (or "
+            "F.binary_cross_entropy_with_logits for the whole loss)."
+        )
     if maker in EXACT:
         return (
             f"{where(origin)} got zeros (input minimum 0) from {made[0]['op']}, whose "

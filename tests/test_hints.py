@@ -186,6 +186,8 @@ def test_backward_large_derivative_evidence_no_saved_zero_and_a_large_gradient()
     text = _chosen(origin, backward_large_derivative)
     assert "no forward value it saved is 0 (smallest |value| 1e-15, in its saved result)" in text
     assert "arriving was up to 1e+30" in text
+    assert "a smaller loss (or loss scale) also helps" in text
+    assert "clip" not in text  # clipping runs after backward: too late for this overflow
     assert backward_root_at_zero.hint(origin) is None
 
 
@@ -380,6 +382,12 @@ def test_overflow_evidence_inf_from_finite_inputs_not_an_exp():
     text = _chosen(origin, overflow)
     assert "overflowed float32 to Inf from finite inputs (largest |input| 1e+30)" in text
     assert "exp" not in text
+
+
+def test_overflow_of_a_product_advises_log_space_not_the_learning_rate():
+    origin = _locate(lambda h: torch.cumprod(h * 1e10, 0), torch.ones(6))
+    text = _chosen(origin, overflow)
+    assert "compute it in log space" in text and "learning rate" not in text
 
 
 def test_outside_domain_evidence_acos_input_above_one():
@@ -747,6 +755,7 @@ def test_backward_of_discarded_nonfinite_evidence_where_kept_a_nan_branch():
         ("log1p below", torch.log1p, [0.5, -2.0], "it is NaN below -1"),
         ("inverse", lambda h: h.pow(-1), [0.5, 0.0], "raised 0 to the negative power -1"),
         ("inverse square", lambda h: h**-2, [0.5, 0.0], "raised 0 to the negative power -2"),
+        ("lgamma", lambda h: torch.lgamma(h - 1), [2.0, 1.0], "poles at 0 and at every negative"),
     ],
 )
 def test_forward_domain_edge_evidence_an_edge_of_the_domain_is_no_overflow(

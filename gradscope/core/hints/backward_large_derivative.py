@@ -21,10 +21,17 @@ def hint(origin: Origin) -> str | None:
     if forward is None or forward.get("zeros"):
         return None
     incoming = max_abs(values(origin, "grad_in"))
+    # clipping acts after backward, too late for an overflow inside it; a smaller loss
+    # helps only when the gradient arriving is itself large
+    smaller = (
+        " The gradient arriving is large too: a smaller loss (or loss scale) also helps."
+        if incoming >= 1e3
+        else ""
+    )
     return (
         f"The gradient of {where(origin)} overflowed: no forward value it saved is 0 (smallest "
         f"|value| {forward.get('abs_min', math.nan):.3g}, in its saved "
         f"{forward.get('name', 'input')}), but its derivative there is large "
-        f"and the gradient arriving was up to {incoming:.3g}. Scale the loss down or clip "
-        "gradients, and keep the input away from tiny values (an epsilon, a clamp)."
+        f"and the gradient arriving was up to {incoming:.3g}. Keep the input away from tiny "
+        "values: a floor (clamp_min) or an epsilon sized for its scale." + smaller
     )

@@ -1,7 +1,8 @@
 """Evidence: an op whose result is infinite at a finite point of its input made Inf there,
 or NaN past it, as its input's recorded min/max show: atanh at +-1, logit at 0 or 1 (its
 ``eps`` argument recorded), log1p at -1 (NaN below), a negative power (an exponent among
-its arguments) of 0. These are the edges of the op's domain, not overflows."""
+its arguments) of 0, lgamma/digamma at their poles (0 and the negative integers). These
+are the edges of the op's domain, not overflows."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ def hint(origin: Origin) -> str | None:
             f"logit(0) = -Inf and logit(1) = +Inf, and {given}so nothing clamps them. Pass "
             "eps (torch.logit(p, eps=1e-6) clamps p to [eps, 1 - eps]): the usual fix; or "
             "keep the logits the probabilities came from and use those."
+        )
+    if op in ("lgamma", "digamma", "polygamma", "mvlgamma") and low <= 0:
+        return (
+            f"{where(origin)} has poles at 0 and at every negative integer, and its input "
+            f"reaches {fmt(low)}. Its argument is meant to be > 0 (a Gamma/Beta/Dirichlet "
+            "concentration, a count + 1): make it positive by construction (softplus(x) + "
+            "1e-4 for a learned parameter); a clamp only hides how it got there."
         )
     if op == "log1p" and low <= -1:
         made = "-Inf at -1" if origin.kind == "inf" else "NaN below -1"

@@ -8,6 +8,8 @@ from gradscope.core.facts import Origin
 from gradscope.core.hints.backward_divide_by_zero import LOGS
 from gradscope.core.hints.values import base_op, evidence, min_input, where
 
+# log1p's edge is -1; lgamma and digamma have poles, not a log's zero (forward_domain_edge)
+NOT_LOGS = {"log1p", "lgamma", "digamma"}
 EXACT = {
     "softmax": "log_softmax",
     "_softmax": "log_softmax",
@@ -16,7 +18,7 @@ EXACT = {
 
 
 def hint(origin: Origin) -> str | None:
-    if origin.phase == "backward" or base_op(origin.op) not in LOGS - {"log1p"}:
+    if origin.phase == "backward" or base_op(origin.op) not in LOGS - NOT_LOGS:
         return None
     if min_input(origin) != 0:
         return None

@@ -1,11 +1,22 @@
 """Evidence: an op went Inf from finite inputs (largest |input| recorded, the module's
 buffers left out: a BatchNorm's running_var is not a value the layer was fed): an overflow
-of its dtype. Only said of an Inf: a NaN is never called an overflow."""
+of its dtype. Only said of an Inf: a NaN is never called an overflow. A product over many
+values (prod, cumprod) gets the log-space remedy."""
 
 from __future__ import annotations
 
 from gradscope.core.facts import Origin
-from gradscope.core.hints.values import dtype_of, holds_inf, max_abs, operands, values, where
+from gradscope.core.hints.values import (
+    base_op,
+    dtype_of,
+    holds_inf,
+    max_abs,
+    operands,
+    values,
+    where,
+)
+
+PRODUCTS = {"prod", "cumprod"}
 
 
 def hint(origin: Origin) -> str | None:
@@ -14,14 +25,17 @@ def hint(origin: Origin) -> str | None:
         return None
     fed = operands(origin)
     dtype = dtype_of(values(origin, "outputs")) or dtype_of(fed) or "its dtype"
-    buffers = [v for v in inputs if v.get("buffer")]
-    kept = (
-        f"; its buffer {buffers[0]['name']} holds values up to {max_abs(buffers[:1]):.3g}"
-        if buffers and max_abs(buffers[:1]) > max_abs(fed)
-        else ""
-    )
-    return (
+    start = (
         f"{where(origin)} overflowed {dtype} to Inf from finite inputs (largest |input| "
-        f"{max_abs(fed):.3g}{kept}). Lower the learning rate or add gradient clipping so "
-        "activations stay in range, normalise this layer's input, or clamp it."
+        f"{max_abs(fed):.3g}). "
+    )
+    if base_op(origin.op) in PRODUCTS:
+        return start + (
+            "A product of many values grows geometrically: compute it in log space "
+            "(torch.cumsum(torch.log(x), dim) instead of torch.cumprod(x, dim), exp only "
+            "where needed)."
+        )
+    return start + (
+        "Lower the learning rate or add gradient clipping so activations stay in range, "
+        "normalise this layer's input, or clamp it."
     )

@@ -775,6 +775,19 @@ def test_cast_overflow_evidence_a_float16_conversion_of_values_above_65504():
         assert "learning rate" not in text
 
 
+def test_log_of_zero_of_a_softmax_picked_at_the_target_names_log_softmax():
+    torch.manual_seed(0)
+    model, x = nn.Linear(3, 4), torch.randn(2, 3) * 1000
+    target = model(x).argmin(-1)  # the least likely class: its probability underflows
+
+    def nll():
+        return -torch.log(torch.softmax(model(x), -1).gather(1, target[:, None])).mean()
+
+    text = _chosen(locate_first_nonfinite(model, nll), log_of_zero)
+    assert "from torch.softmax (picked by Tensor.gather)" in text
+    assert "Use log_softmax on the logits" in text
+
+
 def test_log_of_zero_from_one_minus_sigmoid_names_logsigmoid():
     origin = _locate(lambda h: -torch.log(1 - torch.sigmoid(h * 100)), torch.tensor([1.0]))
     text = _chosen(origin, log_of_zero)

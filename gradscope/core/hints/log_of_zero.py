@@ -10,6 +10,7 @@ from gradscope.core.hints.values import base_op, evidence, min_input, where
 
 # log1p's edge is -1; lgamma and digamma have poles, not a log's zero (forward_domain_edge)
 NOT_LOGS = {"log1p", "lgamma", "digamma"}
+SELECTIONS = {"gather", "__getitem__", "index_select", "take_along_dim", "masked_select"}
 EXACT = {
     "softmax": "log_softmax",
     "_softmax": "log_softmax",
@@ -32,9 +33,15 @@ def hint(origin: Origin) -> str | None:
             "log(1 - sigmoid(x)) is F.logsigmoid(-x), exact for every x: the usual fix (or "
             "F.binary_cross_entropy_with_logits for the whole loss)."
         )
+    picked = maker in SELECTIONS and len(before & set(EXACT)) == 1
+    source = made[0]["op"] if made else ""
+    if picked:
+        # p[target] or p.gather(...) of a softmax: the softmax is what underflowed
+        inner = next(op for op in made[0]["from"] if base_op(op) in EXACT)
+        maker, source = base_op(inner), f"{inner} (picked by {source})"
     if maker in EXACT:
         return (
-            f"{where(origin)} got zeros (input minimum 0) from {made[0]['op']}, whose "
+            f"{where(origin)} got zeros (input minimum 0) from {source}, whose "
             f"output underflowed to 0: log of 0 is -Inf. Use {EXACT[maker]} on the "
             "logits instead of the log of its output: the usual fix, exact and without an "
             "epsilon's bias (F.cross_entropy / F.nll_loss take log-probabilities)."

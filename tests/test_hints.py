@@ -123,6 +123,9 @@ def test_weights_broken_by_update_evidence_nan_weights_before_the_forward():
         half.weight[0, 0] = math.inf
     origin = locate_first_nonfinite(half, lambda: half(torch.randn(2, 4).half()).float().sum())
     assert "eps (1e-8) rounds to 0 in float16" in _chosen(origin, weights_broken_by_update)
+    assert "autocast + GradScaler" in origin.details["hint"]
+    origin.details["loss_scaler"] = True
+    assert "GradScaler stays as it is" in weights_broken_by_update.hint(origin)
 
 
 def test_weights_never_initialised_evidence_nan_at_the_first_step_seen():
@@ -202,6 +205,12 @@ def test_backward_half_overflow_evidence_float16_gradient_from_a_finite_one():
     assert origin.phase == "backward"
     text = _chosen(origin, backward_half_overflow)
     assert "gradient arriving was at most 300" in text and "65,504" in text
+    assert "Use torch.amp.GradScaler" in text
+    # a loop that has a scaler (the watch sets loss_scaler) is not told to add one
+    origin.details["loss_scaler"] = True
+    text = backward_half_overflow.hint(origin)
+    assert "already scales the loss with a GradScaler" in text
+    assert "Use torch.amp.GradScaler" not in text
 
 
 def test_backward_overflow_evidence_float32_gradient_from_a_finite_one():

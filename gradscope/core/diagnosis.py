@@ -226,14 +226,14 @@ def _denominator_evidence(name: str, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _autocast_dtype() -> str | None:
-    """The autocast dtype in force when the op ran (CPU or CUDA), None outside autocast."""
-    for device in ("cuda", "cpu"):
-        try:
-            if torch.is_autocast_enabled(device):
-                return str(torch.get_autocast_dtype(device)).replace("torch.", "")
-        except (TypeError, RuntimeError, AttributeError):  # an older torch's signature
-            continue
+def _autocast_dtype(args: dict[str, Any]) -> str | None:
+    """The autocast dtype in force for the op's device when it ran, None outside autocast."""
+    device = next((v.device.type for v in args.values() if isinstance(v, torch.Tensor)), "cpu")
+    try:
+        if torch.is_autocast_enabled(device):
+            return str(torch.get_autocast_dtype(device)).replace("torch.", "")
+    except (TypeError, RuntimeError, AttributeError):  # an older torch, an unknown device
+        return None
     return None
 
 
@@ -249,7 +249,7 @@ def evidence_for(op: str, args: dict[str, Any], module: Any = None) -> dict[str,
         evidence["arguments"] = plain
     if name in _DIVISIONS:
         evidence.update(_denominator_evidence(name, args))
-    autocast = _autocast_dtype()
+    autocast = _autocast_dtype(args)
     if autocast is not None:
         evidence["autocast"] = autocast
     if name == "ctc_loss":

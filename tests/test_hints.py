@@ -31,6 +31,7 @@ from gradscope.core.hints import (
     bad_batch,
     cast_overflow,
     cross_entropy_empty_mean,
+    cross_entropy_masked_target,
     cross_entropy_smoothing_over_mask,
     ctc_no_alignment,
     custom_function,
@@ -500,7 +501,10 @@ def test_a_masked_logit_at_the_target_is_made_by_the_cross_entropy(masked_target
         assert origin is None
         return
     assert (origin.phase, origin.kind, origin.op) == ("loss", "inf", "F.cross_entropy")
-    assert mask_aggregated.hint(origin) == origin.details["hint"]
+    # the evidence: the target of sample 1 is the masked class itself
+    text = _chosen(origin, cross_entropy_masked_target)
+    assert "1 of its targets (sample 1) is a class whose logit is -inf" in text
+    assert "set them to ignore_index (-100)" in text
 
 
 def test_mask_aggregated_evidence_addmm_reduces_its_matrices_not_its_bias():

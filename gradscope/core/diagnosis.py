@@ -96,6 +96,22 @@ def _cross_entropy_evidence(args: dict[str, Any]) -> dict[str, Any]:
         "reduction": args.get("reduction", "mean"),
         "label_smoothing": float(args.get("label_smoothing", 0.0) or 0.0),
     }
+    logits = args.get("input")
+    if (
+        isinstance(logits, torch.Tensor)
+        and logits.is_floating_point()
+        and logits.dim() >= 2
+        and logits.shape[0] == target.shape[0]
+        and logits.dim() == target.dim() + 1
+    ):
+        # the counted targets whose own logit is -inf: -log p(target) = -log 0
+        classes = target.clamp(0, logits.shape[1] - 1).unsqueeze(1)
+        at_target = logits.detach().gather(1, classes).squeeze(1)
+        masked = (at_target == -math.inf) & counted
+        if bool(masked.any()):
+            evidence["masked_targets"] = int(masked.sum())
+            rows = masked.reshape(masked.shape[0], -1).any(dim=1)
+            evidence["masked_target_samples"] = torch.nonzero(rows).reshape(-1)[:5].tolist()
     weight = args.get("weight")
     if isinstance(weight, torch.Tensor) and int(counted.sum()):
         classes = target[counted].clamp(0, weight.numel() - 1)

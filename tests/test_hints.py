@@ -48,6 +48,7 @@ from gradscope.core.hints import (
     mask_aggregated,
     mask_made_nan,
     mask_reached_loss,
+    mask_value_overflow,
     nonfinite_input_to_nan,
     outside_domain,
     overflow,
@@ -778,6 +779,37 @@ def test_forward_domain_edge_evidence_an_edge_of_the_domain_is_no_overflow(
     text = _chosen(origin, forward_domain_edge)
     assert expected in text, name
     assert "overflowed" not in text and "learning rate" not in text
+
+
+class _TwoAdditiveMasks(nn.Module):
+    """A padding mask and a segment mask, each filled with finfo(float16).min and added:
+    where both mask a key, -65504 + -65504 overflows to -inf, and a fully padded sample's
+    rows become all -inf (NaN in softmax) instead of a uniform, finite attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
+        scores = self.query(x) @ x.transpose(-1, -2)
+        low = torch.finfo(scores.dtype).min
+        padding = (1.0 - pad[:, None, :].to(scores.dtype)) * low
+        segments = (1.0 - segment.to(scores.dtype)) * low
+        return torch.softmax(scores + padding + segments, -1) @ x
+
+
+def test_mask_value_overflow_evidence_two_finfo_min_masks_added_in_float16():
+    torch.manual_seed(0)
+    model = _TwoAdditiveMasks().half()
+    x = torch.randn(2, 4, 8).half()
+    pad = torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]])
+    segment = torch.zeros(2, 4, 4)
+    segment[0] = 1
+    origin = locate_first_nonfinite(model, lambda: model(x, pad, segment).float().sum())
+    assert (origin.kind, origin.op) == ("inf", "Tensor.add")
+    text = _chosen(origin, mask_value_overflow)
+    assert "torch.finfo(float16).min (or .max) exactly, -65504 in float16" in text
+    assert "keep = keep_a & keep_b" in text and "learning rate" not in text
 
 
 def test_cast_overflow_evidence_a_float16_conversion_of_values_above_65504():

@@ -386,6 +386,13 @@ def test_loss_overflow_evidence_the_loss_op_went_inf_from_finite_values():
     origin = locate_first_nonfinite(model, lambda: (model(torch.ones(2, 3)) * 1e38 * 1e10).sum())
     assert origin.phase == "loss"
     assert "too large for its dtype" in _chosen(origin, loss_overflow)
+    assert "reduction" not in origin.details["hint"]  # the loss has no reduction argument
+    target = torch.zeros(2, 1)
+    summed = locate_first_nonfinite(
+        model, lambda: F.mse_loss(model(torch.ones(2, 3)) * 1e30, target, reduction="sum")
+    )
+    text = _chosen(summed, loss_overflow)
+    assert "reduction='sum' adds every element's loss" in text
 
 
 def test_overflow_evidence_inf_from_finite_inputs_not_an_exp():

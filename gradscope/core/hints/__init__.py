@@ -2,6 +2,11 @@
 evidence it needs (what the values at the origin show) and returns a hint only when that
 evidence is there. :func:`hint_for` asks them in order, most specific first; the last rule
 (``unsure``) always answers and says only what it knows.
+
+A rule reads only the origin's phase, op and ``details`` (``values``: the tensors' summaries;
+``evidence``: what the op's arguments showed; flags the watch sets, like ``loss_scaler``),
+through :mod:`gradscope.core.hints.values`, so anything that fills those fields can be
+hinted by the same rules.
 """
 
 from __future__ import annotations

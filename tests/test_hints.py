@@ -406,6 +406,8 @@ def test_overflow_of_a_product_advises_log_space_not_the_learning_rate():
     origin = _locate(lambda h: torch.cumprod(h * 1e10, 0), torch.ones(6))
     text = _chosen(origin, overflow)
     assert "compute it in log space" in text and "learning rate" not in text
+    power = _chosen(_locate(lambda h: h**40, torch.full((2,), 10.0)), overflow)
+    assert "x ** 40 of values up to 10 exceeds float32" in power
 
 
 def test_outside_domain_evidence_acos_input_above_one():

@@ -154,3 +154,46 @@ def test_user_statistics_on_cuda_need_no_host_synchronisation():
             outputs.append(float(h.double().square().mean().sqrt()))
     np.testing.assert_allclose(stats.figures["out_rms"], outputs, rtol=1e-5)
     watch.close()
+
+
+def test_hints_name_cuda_autocast_its_dtype_and_the_scaler():
+    """The hint evidence on CUDA: a float16 overflow under CUDA autocast with a GradScaler
+    advises neither again; a bfloat16 variance that cancelled below 0 names bfloat16."""
+    import gradscope
+    from gradscope.core.hints import half_overflow, root_of_cancellation
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1)).cuda()
+    with torch.no_grad():
+        model[0].weight.fill_(200.0)
+        model[1].weight.fill_(200.0)
+    x = torch.ones(2, 4, device="cuda")
+    scaler = torch.amp.GradScaler("cuda")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    watch = gradscope.watch(model, scaler=scaler, optimizer=optimizer)
+
+    def compute_loss():
+        with torch.autocast("cuda", dtype=torch.float16):
+            return model(x).float().mean()
+
+    loss = compute_loss()
+    scaler.scale(loss).backward()
+    origin = watch.collect(loss, locate=compute_loss).origin
+    assert origin.details["evidence"]["autocast"] == "float16"
+    assert origin.details["hint"] == half_overflow.hint(origin)
+    assert "already uses autocast and a GradScaler" in origin.details["hint"]
+
+    linear = nn.Linear(64, 64).cuda()
+    with torch.no_grad():
+        linear.bias.fill_(30.0)
+    inputs = torch.randn(64, 64, device="cuda")
+
+    def variance_root():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = linear(inputs)
+            return ((h * h).mean(-1) - h.mean(-1) ** 2).sqrt().float().sum()
+
+    found = locate_first_nonfinite(linear, variance_root)
+    assert found is not None and found.op == "Tensor.sqrt"
+    assert found.details["hint"] == root_of_cancellation.hint(found)
+    assert "bfloat16 under bfloat16 autocast" in found.details["hint"]

@@ -94,7 +94,24 @@ def _cross_entropy_evidence(args: dict[str, Any]) -> dict[str, Any]:
         "counted_targets": int(counted.sum()),
         "ignore_index": ignore_index,
         "reduction": args.get("reduction", "mean"),
+        "label_smoothing": float(args.get("label_smoothing", 0.0) or 0.0),
     }
+    logits = args.get("input")
+    if (
+        isinstance(logits, torch.Tensor)
+        and logits.is_floating_point()
+        and logits.dim() >= 2
+        and logits.shape[0] == target.shape[0]
+        and logits.dim() == target.dim() + 1
+    ):
+        # the counted targets whose own logit is -inf: -log p(target) = -log 0
+        classes = target.clamp(0, logits.shape[1] - 1).unsqueeze(1)
+        at_target = logits.detach().gather(1, classes).squeeze(1)
+        masked = (at_target == -math.inf) & counted
+        if bool(masked.any()):
+            evidence["masked_targets"] = int(masked.sum())
+            rows = masked.reshape(masked.shape[0], -1).any(dim=1)
+            evidence["masked_target_samples"] = torch.nonzero(rows).reshape(-1)[:5].tolist()
     weight = args.get("weight")
     if isinstance(weight, torch.Tensor) and int(counted.sum()):
         classes = target[counted].clamp(0, weight.numel() - 1)
@@ -172,12 +189,85 @@ def _in_default_loss() -> bool:
     return False
 
 
+_DIVISIONS = {"div", "true_divide", "__truediv__", "divide", "__rtruediv__", "reciprocal"}
+_ARGUMENTS_KEPT = 12
+
+
+def _plain_arguments(args: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments that are Python numbers, booleans or strings, by name (``arg1``
+    for a builtin's positional one): an exponent, ``label_smoothing``, ``reduction``,
+    ``ignore_index``, ``eps``, a scalar factor. Tensors' values are recorded elsewhere."""
+    found: dict[str, Any] = {}
+    for key, value in args.items():
+        if isinstance(value, (bool, int, float, str)) and len(found) < _ARGUMENTS_KEPT:
+            found[key] = value
+    return found
+
+
+def _denominator_evidence(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """What a division divided by, when the recorded float tensors may not show it: a
+    Python number, an integer tensor (``mask.sum()`` of a boolean mask), or a float tensor
+    of whole numbers. A denominator of whole numbers >= 0 is a count: an epsilon added to it
+    makes the quotient 1/eps times too large when the count is 0."""
+    ordered = list(args.values())
+    if name == "__rtruediv__" or name == "reciprocal":
+        value = ordered[0] if ordered else None
+    else:
+        value = args.get("other", ordered[1] if len(ordered) > 1 else None)
+    if isinstance(value, bool):
+        return {}
+    if isinstance(value, (int, float)):
+        return {
+            "denominator": {
+                "source": "python number",
+                "value": value,
+                "zeros": int(value == 0),
+                "whole": float(value).is_integer(),
+            }
+        }
+    if not isinstance(value, torch.Tensor) or not value.numel() or value.is_complex():
+        return {}
+    data = value.detach()
+    whole = (
+        bool((data == data.round()).all()) if data.is_floating_point() else data.dtype != torch.bool
+    )
+    return {
+        "denominator": {
+            "source": "tensor",
+            "dtype": str(data.dtype).replace("torch.", ""),
+            "zeros": int((data == 0).sum()),
+            "whole": whole and bool((data >= 0).all()),
+            "min": float(data.double().min()),
+        }
+    }
+
+
+def _autocast_dtype(args: dict[str, Any]) -> str | None:
+    """The autocast dtype in force for the op's device when it ran, None outside autocast."""
+    device = next((v.device.type for v in args.values() if isinstance(v, torch.Tensor)), "cpu")
+    try:
+        if torch.is_autocast_enabled(device):
+            return str(torch.get_autocast_dtype(device)).replace("torch.", "")
+    except (TypeError, RuntimeError, AttributeError):  # an older torch, an unknown device
+        return None
+    return None
+
+
 def evidence_for(op: str, args: dict[str, Any], module: Any = None) -> dict[str, Any]:
     """What the arguments of the op that made a NaN/Inf show, beyond its tensors' values:
     CTC's lengths, how many targets a cross-entropy counts, the epsilon of the module that
-    ran it. Called by the tracer for that one op only."""
+    ran it, its plain (non-tensor) arguments, what a division divided by, the autocast
+    dtype in force. Called by the tracer for the ops that made a NaN/Inf only."""
     name = base_op(op)
     evidence: dict[str, Any] = {}
+    plain = _plain_arguments(args)
+    if plain:
+        evidence["arguments"] = plain
+    if name in _DIVISIONS:
+        evidence.update(_denominator_evidence(name, args))
+    autocast = _autocast_dtype(args)
+    if autocast is not None:
+        evidence["autocast"] = autocast
     if name == "ctc_loss":
         evidence.update(_ctc_evidence(args))
     elif name in ("cross_entropy", "nll_loss"):

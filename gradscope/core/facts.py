@@ -235,17 +235,13 @@ class Origin:
         if self.phase == "input":
             bad = self.details.get("count")
             kind = "NaN" if self.kind == "nan" else "Inf"
-            where = (
-                "the batch"
-                if self.details.get("source", "batch") == "batch"
-                else "the model's arguments"
-            )
+            called = self.details.get("source", "batch") != "batch"
             text = (
                 f"step {self.step}: {kind} in the batch (your data), not in the model or the "
-                f"loss: already in {where}, {self.tensor}"
+                f"loss: {self.tensor}" + (" (the model's call argument)" if called else "")
             )
             if bad:
-                text += f": {bad} {kind}"
+                text += f" holds {bad} {kind}"
                 samples = self.details.get("samples") or []
                 if samples:
                     shown = ", ".join(str(s) for s in samples[:SAMPLES_SHOWN])

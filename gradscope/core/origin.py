@@ -38,6 +38,7 @@ import linecache
 import math
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -334,6 +335,17 @@ class _Tracer(TorchFunctionMode):
         self.candidates: list[_Candidate] = []
         self.loss_fallback: _Candidate | None = None
         self.masks = MaskProvenance()
+        # where each tensor's by-design -inf was written (the op given -inf, its module and
+        # line), followed as the mask is carried: a NaN made from it names that line
+        self.mask_sources: dict[int, tuple[weakref.ref, dict[str, Any]]] = {}
+        # the model's buffers by identity: an op's recorded inputs name them, so a hint
+        # never quotes a running_var as the largest input
+        self.buffers = {
+            id(buffer): f"{owner + '.' if owner else ''}{local}"
+            for owner, module in module_objects.items()
+            for local, buffer in module._buffers.items()
+            if buffer is not None
+        }
         self.function_codes = _function_classes()
         self.function_records: dict[type, _OpRecord] = {}
         self._function_frame: Any = None
@@ -357,7 +369,7 @@ class _Tracer(TorchFunctionMode):
         if self.checking and inplace:
             # An in-place op overwrites its input: look at it before the call.
             inputs = self._inputs(args, kwargs)
-            before = (_flags(inputs), [tensor_summary(t) for t in inputs[:4]])
+            before = (_flags(inputs), [self._input_summary(t) for t in inputs[:4]])
         out = func(*args, **kwargs)
         outputs = float_tensors(out)
         if not outputs:
@@ -466,6 +478,8 @@ class _Tracer(TorchFunctionMode):
                 kind = "inf" if from_mask else None
             carried = kind is None and self._carries_mask(args, kwargs, asked)
             self.masks.record(outputs, mask=carried)
+            if carried:
+                self._keep_mask_source(func, args, kwargs, asked, outputs, record)
         propagated = False
         if kind is None:
             # not new here; kept once as the loss's op if the loss only carried it along
@@ -481,12 +495,23 @@ class _Tracer(TorchFunctionMode):
                 inner={"op": own.op, **(asdict(own.location) if own.location else {})},
                 function=True,
             )
+        evidence = self._evidence(func, args, kwargs, own)
+        operands = self._inputs(args, kwargs)
+        if in_flags[1]:
+            source = self._mask_source_of(operands)
+            if source is not None:
+                evidence["inf_from"] = source
+        # the ops that made its inputs and theirs (a difference of two means before a
+        # sqrt: a cancellation)
+        made_by = [self._made_by(t, (own, record)) for t in operands[:4]]
+        if any(made_by):
+            evidence["inputs_made_by"] = made_by
         candidate = _Candidate(
             own,
             kind,
-            input_stats or [tensor_summary(t) for t in (inputs or [])[:4]],
+            input_stats or [self._input_summary(t) for t in (inputs or [])[:4]],
             [tensor_summary(t) for t in outputs[:4]],
-            self._evidence(func, args, kwargs, own),
+            evidence,
             propagated,
             from_mask,
         )
@@ -494,6 +519,50 @@ class _Tracer(TorchFunctionMode):
             self.loss_fallback = candidate
         else:
             self.candidates.append(candidate)
+
+    def _made_by(self, tensor: torch.Tensor, this: tuple[Any, ...]) -> dict[str, Any] | None:
+        """The traced op that made ``tensor`` (``op``) and the ops that made its operands
+        (``from``), read from the autograd nodes' labels; None for a leaf or an untraced
+        value."""
+        record = self.labels.get(tensor.grad_fn) if tensor.grad_fn is not None else None
+        if record is None or any(record is other for other in this):
+            return None
+        before = []
+        for node, _ in getattr(tensor.grad_fn, "next_functions", ()):
+            found = self.labels.get(node) if node is not None else None
+            if found is not None and found is not record:
+                before.append(found.op)
+        return {"op": record.op, "from": before[:4]}
+
+    def _input_summary(self, tensor: torch.Tensor) -> dict[str, Any]:
+        summary = tensor_summary(tensor)
+        buffer = self.buffers.get(id(tensor))
+        if buffer is not None:
+            summary = {"name": buffer, "buffer": True, **summary}
+        return summary
+
+    def _mask_source_of(self, tensors: list[torch.Tensor]) -> dict[str, Any] | None:
+        for tensor in tensors:
+            entry = self.mask_sources.get(id(tensor))
+            if entry is not None and entry[0]() is tensor:
+                return entry[1]
+        return None
+
+    def _keep_mask_source(self, func, args, kwargs, asked, outputs, record) -> None:
+        """Remember where the -inf these outputs carry was written: this op when it was
+        given -inf (``masked_fill(mask, -inf)``), else the mask its inputs carried."""
+        if "inf" in asked:
+            own = record or self._record(func)
+            source: dict[str, Any] | None = {"op": own.op, "module": own.module}
+            if own.location is not None:
+                source.update(asdict(own.location))
+        else:
+            source = self._mask_source_of(self._inputs(args, kwargs))
+        if source is None:
+            return
+        for tensor in outputs:
+            if holds_inf(tensor):
+                self.mask_sources[id(tensor)] = (weakref.ref(tensor), source)
 
     def _carries_mask(self, args: tuple, kwargs: dict[str, Any], asked: frozenset[str]) -> bool:
         return "inf" in asked or self.masks.all_masks(self._inputs(args, kwargs))
@@ -1051,6 +1120,11 @@ def _saved_values(node: Any) -> list[dict[str, Any]]:
         if data.numel():
             summary["zeros"] = int((data == 0).sum())
             summary["abs_min"] = float(data.abs().min())
+            # below the smallest normal number: its reciprocal overflows (1/1e-39 in float32)
+            tiny = torch.finfo(data.dtype).tiny
+            subnormal = int(((data != 0) & (data.abs() < tiny)).sum())
+            if subnormal:
+                summary["subnormal"] = subnormal
         saved.append(summary)
     return saved[:4]
 

@@ -1,5 +1,7 @@
 """Evidence: a sqrt/rsqrt/pow/norm backward whose saved forward values hold exact zeros (or
-saved nothing readable): the derivative 1/(2 sqrt(x)) is infinite there."""
+saved nothing readable): the derivative 1/(2 sqrt(x)) is infinite there. The saved values'
+dtype decides the epsilon (1e-12 rounds to 0 in float16) and whether rounding may have made
+the zeros."""
 
 from __future__ import annotations
 
@@ -20,9 +22,17 @@ def hint(origin: Origin) -> str | None:
         if forward
         else ""
     )
+    dtype = (forward or {}).get("dtype")
+    epsilon = "1e-6, since 1e-12 rounds to 0 in float16" if dtype == "float16" else "1e-12"
+    rounding = (
+        f" In {dtype}, a small variance or norm can also round to exactly 0 (E(x^2) - "
+        "E(x)^2 cancels): if this value is one, compute it in float32 or in two passes."
+        if dtype in ("float16", "bfloat16")
+        else ""
+    )
     return (
         f"The derivative of {where(origin)} is infinite at 0 (d/dx sqrt(x) = 1/(2 sqrt(x)))"
         f"{zeros}: the forward pass was finite but the gradient is not. Add a small "
-        "epsilon inside (sqrt(x + 1e-12)), clamp the input away from 0, or use a "
-        "safe norm that special-cases zero vectors."
+        f"epsilon inside (sqrt(x + eps), eps = {epsilon}), clamp the input away from 0, or "
+        "use a safe norm that special-cases zero vectors." + rounding
     )

@@ -21,21 +21,24 @@ def hint(origin: Origin) -> str | None:
         else ""
     )
     given = (
-        "the arguments the model was called with"
-        if details.get("source") == "model call"
-        else "the batch"
+        " (an argument the model was called with)" if details.get("source") == "model call" else ""
     )
     start = (
-        f"The {kind} is in the batch (your data), not in the model or the loss: {origin.tensor} "
-        f"already holds {details.get('count', '')} {kind}{at} in {given}, before any layer "
-        "ran. "
+        f"The {kind} is in the batch (your data), not in the model or the loss: "
+        f"{origin.tensor}{given} holds {details.get('count', '')} {kind}{at} before any "
+        "layer ran. "
     )
     cause = (
-        "A missing value or a failed parse (NaN), a division by a zero std in normalisation or "
-        "a corrupt file are the usual causes. "
+        "The usual causes: a missing value or a failed parse; a division by a zero std in "
+        "normalisation; a corrupt file; or an augmentation or transform that makes NaN from "
+        "valid data by applying a power or a log outside its domain (a gamma x ** 0.8 or a "
+        "sqrt of pixels that normalisation already made negative, a log of a value that can "
+        "be <= 0). Run the sample's raw data through the transforms one at a time to see "
+        "which makes it. "
         if origin.kind == "nan"
         else "An overflow while preparing it (a log of 0, a division by 0, a float16 cast of "
-        "a value above 65,504) is the usual cause. "
+        "a value above 65,504, an augmentation such as an exp or a large gain) is the usual "
+        "cause. "
     )
     return (
         start

@@ -16,10 +16,10 @@ def hint(origin: Origin) -> str | None:
     if counted["counted_targets"] == 0:
         return (
             f"{where(origin)} is NaN because every one of the {counted['targets']} targets is "
-            f"ignore_index ({counted['ignore_index']}): the mean over zero counted targets is "
-            "0/0. Nothing is wrong with the logits. Skip batches without a labelled target "
-            "(if (target != ignore_index).any()), or use reduction='sum' divided by "
-            "max(count, 1)."
+            f"ignore_index ({counted['ignore_index']}): with reduction='mean' the mean over "
+            "zero counted targets is 0/0. Nothing is wrong with the logits. Skip batches "
+            "without a labelled target (if (target != ignore_index).any()), or use "
+            "reduction='sum' divided by max(count, 1)."
         )
     if counted.get("counted_weight") == 0.0:
         return (

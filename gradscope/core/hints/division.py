@@ -22,7 +22,12 @@ def hint(origin: Origin) -> str | None:
     if op in ("reciprocal", "__rtruediv__"):
         numerator, denominator = {}, inputs[0] if inputs else None
     under = denominator.get("zeros", 0) if denominator else 0
-    fix = "Add an epsilon to the denominator or mask those entries out before dividing."
+    fix = (
+        "Mask those entries out before dividing (torch.where(d != 0, n / d, 0)), or add an "
+        "epsilon to a denominator that is a measured quantity (a norm, a std); a "
+        "denominator that is a count (a number of valid items) is clamped instead "
+        "(count.clamp(min=1)): an epsilon makes a nonzero numerator 1/eps times too large."
+    )
     if origin.kind == "nan":
         if under and numerator.get("zeros"):
             return (

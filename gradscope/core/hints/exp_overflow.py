@@ -28,7 +28,8 @@ def hint(origin: Origin) -> str | None:
     )
     return (
         f"{where(origin)} overflowed: its largest input is {largest:.3g}, and exp of anything "
-        f"above {limit:.3g} is Inf in {dtype}. Subtract the maximum before exp (the logsumexp "
-        "trick; torch.softmax, log_softmax and logsumexp do it), compute it in log space, or "
+        f"above {limit:.3g} is Inf in {dtype}. Subtract the maximum before exp (the usual "
+        "fix: the logsumexp trick; torch.softmax, log_softmax and logsumexp do it), compute it "
+        "in log space, or "
         f"clamp the input (x.clamp_max({limit * 0.9:.3g}))." + in_float32
     )

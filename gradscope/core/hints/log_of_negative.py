@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from gradscope.core.facts import Origin
 from gradscope.core.hints.backward_divide_by_zero import LOGS
+from gradscope.core.hints.log_of_zero import NOT_LOGS
 from gradscope.core.hints.values import base_op, fmt, min_input, where
 
 
 def hint(origin: Origin) -> str | None:
     low = min_input(origin)
-    if origin.phase == "backward" or base_op(origin.op) not in LOGS or low is None or low >= 0:
+    if origin.phase == "backward" or base_op(origin.op) not in LOGS - NOT_LOGS:
+        return None
+    if low is None or low >= 0:
         return None
     return (
         f"{where(origin)} got negative inputs (minimum {fmt(low)}): the log of a negative "

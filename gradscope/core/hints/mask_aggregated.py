@@ -20,6 +20,8 @@ def hint(origin: Origin) -> str | None:
         f"holds {masked} masked entries (now {sign}), and a sum over them is infinite. The "
         "mask itself is fine where softmax, log_softmax or masked_fill consume it; this op "
         "is the first that should not see the masked positions. Exclude them before the sum "
-        "(x.masked_fill(~keep, 0).sum(...), or sum over the kept entries only), or mask with "
-        "a large finite negative number (torch.finfo(dtype).min) instead of -inf."
+        "(x.masked_fill(~keep, 0).sum(...), or sum over the kept entries only): the usual "
+        "fix. A large finite mask value instead of -inf is no fix for a sum: "
+        "torch.finfo(dtype).min summed twice overflows again, and any large fill shifts "
+        "the sum by a huge constant."
     )

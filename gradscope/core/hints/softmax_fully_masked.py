@@ -31,7 +31,9 @@ def hint(origin: Origin) -> str | None:
     )
     return (
         f"{where(origin)} produced NaN because {why}: the softmax of a row that is all -Inf "
-        "is 0/0. Make sure every query keeps at least one unmasked key (an empty or fully "
-        "padded sequence: check key_padding_mask for padded rows), or fill masks with a "
-        "large finite negative number instead of -Inf."
+        "is 0/0. Usual fix: make sure every query keeps at least one unmasked key (an empty "
+        "or fully padded sequence: check key_padding_mask for padded rows, drop empty "
+        "sequences from the batch), or zero those rows' output afterwards. Filling the mask "
+        "with a large finite negative number instead of -Inf also removes the NaN, but those "
+        "rows then attend evenly to padding; only their loss weight of 0 makes that harmless."
     )

@@ -90,3 +90,50 @@ def exp_limit(dtype: str) -> float | None:
     if not isinstance(found, torch.dtype) or not found.is_floating_point:
         return None
     return math.log(torch.finfo(found).max)
+
+
+def operands(origin: Origin) -> list[dict[str, Any]]:
+    """The op's recorded inputs without the module's buffers (a BatchNorm's ``running_var``
+    is an argument of ``F.batch_norm``, not a value the layer was fed)."""
+    return [v for v in values(origin, "inputs") if not v.get("buffer")]
+
+
+def argument(origin: Origin, *names: str) -> Any:
+    """A plain (non-tensor) argument of the op by name (``exponent``, ``label_smoothing``;
+    ``arg1`` for a builtin's second positional argument), the first of ``names`` given."""
+    given = evidence(origin, "arguments") or {}
+    return next((given[name] for name in names if name in given), None)
+
+
+def divisor(origin: Origin) -> tuple[str, dict[str, Any]] | None:
+    """What a log or division backward divides by, as it saved it: the denominator
+    (``other``) of a division, the ``y`` (``other``) of ``xlogy(x, y)``, the input
+    (``self``) of a log; with the name it was saved under."""
+    op = base_op(origin.op)
+    names = ("other", "self") if op in ("xlogy", "div", "true_divide", "divide") else ("self",)
+    if op in ("__truediv__", "__rtruediv__", "atan2", "fmod", "remainder"):
+        names = ("other", "self")
+    for name in names:
+        found = saved(origin, name)
+        if found is not None:
+            return name, found
+    return None
+
+
+def scaler_and_autocast(origin: Origin) -> tuple[bool, str | None]:
+    """Whether the script's loop has a loss scaler (the watch says so) and the autocast
+    dtype that was in force when the op ran."""
+    return bool(origin.details.get("loss_scaler")), evidence(origin, "autocast")
+
+
+def origin_of_inf(origin: Origin) -> str:
+    """Where the -inf an op was given was written on purpose (``masked_fill(..., -inf)``),
+    as ``masked_fill at file:line (module m)``; "" when the tracer did not see it."""
+    source = evidence(origin, "inf_from") or {}
+    if not source:
+        return ""
+    at = f" at {source['file']}:{source['line']}" if source.get("line") else ""
+    code = f" ({source['code'].strip()})" if source.get("code") else ""
+    module = source.get("module")
+    inside = " in the loss code" if module is None else f" in module {module or '(model root)'!r}"
+    return f"{source.get('op', 'an op')}{at}{code}{inside}"

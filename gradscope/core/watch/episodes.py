@@ -96,6 +96,11 @@ class Episodes:
                 origin = locate_safely(
                     model, locate, stats, names, batch=batch, timeout=self.locate_timeout
                 )
+            if stats.loss_scale is not None:
+                # the hints advise a loss scaler only to a loop that has none
+                origin.details["loss_scaler"] = True
+                if origin.details.get("hint") and origin.phase != "unknown":
+                    origin.details["hint"] = hint_for(origin)
         if stats.ranks is not None and rank is not None:
             name_the_rank(origin, stats.ranks, rank)
         if stats.scale_collapsed:

@@ -175,7 +175,9 @@ class GradientWatch:
         self.last: StepStats | None = None
         self.episodes = Episodes(int(max_located), float(locate_timeout))
         # What repeating a step without locate= needs, captured at each training forward.
-        self.replay = make_replay(model, enabled=replay, max_gradient_bytes=max_gradient_bytes)
+        self.replay = make_replay(
+            self.wrapped_model, enabled=replay, max_gradient_bytes=max_gradient_bytes
+        )
         self._handles: list[Any] = []
         self._kinds_cache: tuple[Any, torch.Tensor] | None = None
         # The optimizers that write the weights: an "update" origin names them, and with

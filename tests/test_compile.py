@@ -87,12 +87,21 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("order", ORDERS)
-def test_a_nan_in_the_batch_is_named_as_the_batchs_in_every_order(order):
+CASES = [
+    (order, kind)
+    for order in ORDERS
+    for kind in ("net", "sequential")
+    if (order, kind) != ("watch, then torch.compile", "sequential")  # the test below
+]
+
+
+@pytest.mark.parametrize(("order", "kind"), CASES)
+def test_a_nan_in_the_batch_is_named_as_the_batchs_in_every_order(order, kind):
     """Where the compiled call's arguments are seen (outside the compiled region), the
-    eager repeat names the batch: phase "input", sample 2. Before, every order said
-    "loss" (the model or the loss code) or had no capture at all."""
-    model = _build("net")
+    eager repeat names the batch: phase "input", sample 2. Before, a compiled
+    ``nn.Sequential`` had its NaN batch blamed on the loss, and a model compiled in place
+    was not captured at all."""
+    model = _build(kind)
     watch, call = _watch_in_order(order, model)
     found = _steps_with_a_nan_batch(watch, call, model)
     watch.close()

@@ -104,6 +104,8 @@ def _capture_entry(replay: StepReplay, call_impl: Any) -> Any:
         capture = owner()
         if capture is None:
             return call_impl(*args, **kwargs)
+        if capture.calls:  # not the step's first forward (see _let_go_of_unused_graphs)
+            capture._let_go_of_unused_graphs()
         if capture._post_only:
             output = call_impl(*args, **kwargs)
             capture._take(args, kwargs, output)
@@ -617,7 +619,7 @@ class StepReplay:
         backward still to come (two forwards, one loss) finds them through the user's own
         references. The step's kept inputs are bounded too (the latest call stays)."""
         calls = self._kept_calls()
-        for call in calls[:-1]:
+        for call in calls[:-1]:  # (already done before the forward, from the call slot)
             self._kept_bytes -= call.let_go_of_outputs()
         held = sum(c.counted_input_bytes() for c in calls[:-1])
         while len(calls) > 1 and (
@@ -625,6 +627,17 @@ class StepReplay:
         ):
             held -= calls.pop(0).counted_input_bytes()
             self.dropped_calls += 1
+
+    def _let_go_of_unused_graphs(self) -> None:
+        """Before a forward that is not the step's first: the earlier calls that no gradient
+        reached hold their outputs weakly (see :meth:`_bound_calls`), so that a graph the
+        user let go of (a skipped batch) is freed before this forward makes its own, not
+        after: the capture never doubles the peak of a step."""
+        try:
+            for call in self._kept_calls():
+                self._kept_bytes -= call.let_go_of_outputs()
+        except Exception as error:
+            self._give_up(error)
 
     def _prepare_backward(self, call: ForwardCall, output: Any) -> None:
         if not self._post_only:  # still learning what the pre-hook keeps
@@ -938,6 +951,7 @@ def make_replay(
 # The capture's halves are what a compiled call can reach (from the slot's entry, or as
 # module hooks): kept out of dynamo's tracing with all they call.
 for _half in (
+    StepReplay._let_go_of_unused_graphs,
     StepReplay._before_forward,
     StepReplay._after_forward,
     StepReplay._finish,

@@ -12,10 +12,16 @@ model (from torch's slot for a module's call, or module hooks: see
   with large constant buffers, a causal mask, copies nothing of them);
 - how the backward can be repeated: from the loss the model computes itself (an output
   with ``.loss`` or ``["loss"]``, as transformers models return), or else from the gradient
-  that arrives at the model's output, kept by autograd (``retain_grad``) until the next step's
-  forward (a user who asked for that gradient too reads it after ``collect()``). The kept
-  gradients of a step are bounded by ``max_gradient_bytes``: a larger output is not kept
-  (the watch says so once) and its step falls back to the statistics, naming the reason.
+  that arrives at the model's output, kept by autograd (``retain_grad``) until the step is
+  collected. The kept gradients of a step are bounded by ``max_gradient_bytes``: a larger
+  output is not kept (the watch says so once) and its step falls back to the statistics,
+  naming the reason.
+
+Nothing more is held (issue #34): a forward whose backward never ran keeps no graph alive
+(its outputs are held weakly from the next forward on), and a capture dropped without
+``close()`` leaves the model (the slot and hooks hold it weakly). ``torch.compile`` never
+traces the capture (:func:`_keep_out_of_tracing`), which takes the calls where their
+arguments lie outside the compiled region.
 
 None of it synchronises with the device. When a step goes non-finite, :meth:`StepReplay.locate`
 repeats each of the step's forward calls (micro-batches: each in turn) through

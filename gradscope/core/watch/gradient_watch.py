@@ -79,7 +79,8 @@ class GradientWatch:
 
     ``model`` may be wrapped (DistributedDataParallel, DataParallel, ``torch.compile``):
     layer names are those of the model inside, and the diagnosis re-run calls that model
-    directly (no collective, no recompilation).
+    directly (no collective, no recompilation). A compiled model's calls are captured outside
+    its compiled region, in every order of watch and compile (:mod:`gradscope.core.replay`).
 
     NaN/Inf: the first step of each NaN/Inf episode (a non-finite step after a finite one)
     gets ``stats.origin``. The step is re-run with instruments (module, op, line): through

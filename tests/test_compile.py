@@ -220,3 +220,23 @@ def test_a_dropped_compiled_watch_leaves_the_compiled_model_as_it_was():
     gc.collect()
     assert gone() is None
     assert model.__dict__["_compiled_call_impl"] is compiled_call
+
+
+def test_a_nan_in_the_first_step_after_model_compile_names_the_compile():
+    """``model.compile()`` after the watch replaces the capture's entry until the next
+    collect(): a NaN batch in that very step cannot be named, and the reason says why."""
+    model = _build("net")
+    watch = gradscope.watch(model)
+    for _ in range(2):
+        model.zero_grad()
+        model(torch.randn(4, 3)).square().mean().backward()
+        watch.collect()
+    model.compile(backend="eager")
+    x = torch.randn(4, 3)
+    x[0, 0] = float("nan")
+    loss = model(x).square().mean()
+    loss.backward()
+    stats = watch.collect(loss)
+    watch.close()
+    assert stats.nonfinite and stats.origin.phase == "unknown", stats.origin
+    assert "model.compile() made after the watch" in stats.origin.details["reason"]

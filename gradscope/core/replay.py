@@ -809,6 +809,14 @@ class StepReplay:
         if origin.phase == "loss":
             origin.details["statistics_phase"] = "loss"
             origin.phase = "unknown"
+        if self.mode == "call" and self.host.__dict__.get(_CALL_SLOT) is not self._entry:
+            origin.details["reason"] = (
+                "no training forward of the watched model was seen in this step: a "
+                "model.compile() made after the watch replaced the capture's entry, which "
+                "goes back in front of the compiled call from the next step on; for this "
+                "step, neither the batch, the model nor the loss can be named: pass locate="
+            )
+            return origin
         origin.details["reason"] = (
             "no training forward of the watched model was seen in this step: a "
             "torch.compile(model) made after the watch compiles the model's call with the "

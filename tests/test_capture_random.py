@@ -105,3 +105,28 @@ def test_a_forward_that_draws_from_cuda_is_repeated_with_the_same_draws(generato
     step_draw, *repeat_draws = generators.draws[5:]
     assert repeat_draws and set(repeat_draws) == {step_draw}
     assert generators.offset == step_draw + 4  # where the step left it
+
+
+def test_cuda_initialised_after_the_first_forwards_is_learned_about_again(monkeypatch):
+    """CUDA started after the capture learned (a model moved to the GPU later): the next
+    forwards learn whether the forward draws from CUDA's generator, then stop reading it."""
+    generators = StandInCudaGenerators()
+    started = [False]
+    monkeypatch.setattr(rng, "cuda_started", lambda: started[0])
+    monkeypatch.setattr(replay_module, "cuda_started", lambda: started[0])
+    monkeypatch.setattr(rng, "_cuda_states", generators.states)
+    monkeypatch.setattr(rng, "_set_cuda_states", generators.set_states)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), RowRoot())
+    watch = gradscope.watch(model)
+    reads: list[int] = []
+    _steps(model, watch, 4, reads, generators)
+    assert reads == [0] * 4 and watch.replay._post_only
+    started[0] = True
+    reads.clear()
+    found = _steps(model, watch, 9, reads, generators)
+    watch.close()
+    # the forward after CUDA started only notices; the next three learn; then no read
+    assert reads[0] == 0 and all(count >= 1 for count in reads[1:4]) and reads[4:] == [0] * 5
+    assert watch.replay._cuda_draws is False
+    assert found[-1].origin.phase == "backward"

@@ -433,6 +433,7 @@ class StepReplay:
         self._finalizer = weakref.finalize(
             self, _let_go_of_model, weakref.ref(host), self._entry, self._wrapped, self._handles
         )
+        self._finalizer.atexit = False  # nothing to put back in a process that ends
 
     def detach(self) -> None:
         """Stop taking calls (the benchmark's watch without the capture); the kept calls go."""

@@ -64,10 +64,12 @@ def test_no_graph_is_kept_of_a_forward_that_never_reached_backward(case):
     watch.close()
 
 
-def test_a_forward_whose_backward_comes_later_is_still_repeated():
-    """Two forwards, one loss (a siamese pair): the first call's output is held weakly once
-    the second forward comes, and its gradient still arrives through the user's own
-    reference: a NaN in the backward of the first call is located there."""
+@pytest.mark.parametrize("held", [True, False], ids=["outputs held", "outputs not held"])
+def test_a_forward_whose_backward_comes_later_is_still_repeated(held):
+    """Two forwards, one loss (a siamese pair): the capture lets go of the first call's
+    output once the second forward comes, and its gradient still arrives (a hook in the
+    graph), whether or not the user holds the outputs: a NaN in the backward of the first
+    call is located there."""
 
     class RowRoot(nn.Module):
         def forward(self, x):
@@ -82,8 +84,11 @@ def test_a_forward_whose_backward_comes_later_is_still_repeated():
         if step == 3:
             a = torch.zeros(4, 3)
             model[0].bias.data.zero_()
-        first, second = model(a), model(b)
-        loss = first.sum() + second.sum()
+        if held:
+            first, second = model(a), model(b)
+            loss = first.sum() + second.sum()
+        else:
+            loss = model(a).sum() + model(b).sum()
         loss.backward()
         stats = watch.collect(loss)
     watch.close()

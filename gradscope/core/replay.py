@@ -18,7 +18,7 @@ model (from torch's slot for a module's call, or module hooks: see
   naming the reason.
 
 Nothing more is held (issue #34): a forward whose backward never ran keeps no graph alive
-(its outputs are held weakly from the next forward on), and a capture dropped without
+(its outputs are let go at the next forward), and a capture dropped without
 ``close()`` leaves the model (the slot and hooks hold it weakly). ``torch.compile`` never
 traces the capture (:func:`_keep_out_of_tracing`), which takes the calls where their
 arguments lie outside the compiled region.
@@ -185,9 +185,9 @@ class ForwardCall:
     hooked_grads: dict[int, torch.Tensor | None] = field(default_factory=dict)
     # index -> the output itself, for outputs made by autograd (the common case): autograd
     # keeps their gradient in ``.grad`` (``retain_grad``: no Python call in the backward);
-    # a weak reference once a later forward came and this one's backward had not (see
-    # StepReplay._bound_calls): its graph is the user's to keep or let go
-    retained: dict[int, torch.Tensor | weakref.ref] = field(default_factory=dict)
+    # moved to hooked_grads once a later forward came before this one's backward (see
+    # let_go_of_outputs)
+    retained: dict[int, torch.Tensor] = field(default_factory=dict)
     gradient_bytes_over: int | None = None  # the output's gradient was too large to keep
     input_bytes: int = -1  # what its top-level tensor arguments hold (-1: not counted yet)
 
@@ -196,21 +196,23 @@ class ForwardCall:
         """index in float_tensors(output) -> the gradient that arrived there (None: none)."""
         found = dict(self.hooked_grads)
         for index, tensor in self.retained.items():
-            if type(tensor) is weakref.ref:
-                tensor = tensor()
-            found[index] = None if tensor is None else tensor.grad
+            found[index] = tensor.grad
         return found
 
     def let_go_of_outputs(self) -> int:
-        """The outputs are held weakly from now on, when no gradient reached them (a forward
-        whose backward never ran: its graph would otherwise live on); the bytes their
-        gradients would have taken."""
-        if self.hooked_grads or not self.retained:
-            return 0
+        """The outputs are let go, when no gradient reached them yet (a forward whose
+        backward has not run: a skipped batch's graph would otherwise live on); the bytes
+        their gradients would have taken. A backward still to come (two forwards, one loss)
+        sends their gradients to a tensor hook, which lives in the graph itself: it goes
+        with the graph, and it keeps nothing of it. (A hook costs some 25 µs to register:
+        only here, never on the common step.)"""
         outputs = list(self.retained.items())
-        if any(type(t) is weakref.ref or t.grad is not None for _, t in outputs):
+        if not outputs or any(t.grad is not None for _, t in outputs):
             return 0
-        self.retained = {index: weakref.ref(t) for index, t in outputs}
+        for index, tensor in outputs:
+            self.hooked_grads[index] = None
+            tensor.register_hook(_tensor_keeper(self, index))
+        self.retained = {}
         return sum(t.nbytes for _, t in outputs)
 
     def counted_input_bytes(self) -> int:
@@ -622,9 +624,10 @@ class StepReplay:
         """A second forward call in a step: micro-batches, or a forward whose backward never
         ran (a batch skipped for a non-finite loss, an out-of-memory error caught, a
         validation pass in training mode). An earlier call that no gradient reached holds
-        its outputs weakly from now on, so that the capture keeps no graph alive: a
-        backward still to come (two forwards, one loss) finds them through the user's own
-        references. The step's kept inputs are bounded too (the latest call stays)."""
+        no output from now on, so that the capture keeps no graph alive (a backward still
+        to come, two forwards and one loss, still sends their gradients: see
+        ForwardCall.let_go_of_outputs). The step's kept inputs are bounded too (the latest
+        call stays)."""
         calls = self._kept_calls()
         for call in calls[:-1]:  # (already done before the forward, from the call slot)
             self._kept_bytes -= call.let_go_of_outputs()
@@ -637,7 +640,7 @@ class StepReplay:
 
     def _let_go_of_unused_graphs(self) -> None:
         """Before a forward that is not the step's first: the earlier calls that no gradient
-        reached hold their outputs weakly (see :meth:`_bound_calls`), so that a graph the
+        reached let go of their outputs (see :meth:`_bound_calls`), so that a graph the
         user let go of (a skipped batch) is freed before this forward makes its own, not
         after: the capture never doubles the peak of a step."""
         try:

@@ -2,6 +2,7 @@
 ``locate=``) adds to a training step, on the MLP and resnet18 cases of ``overhead.py``.
 
     .venv/bin/python benchmarks/capture_cost.py [--pairs-mlp 1500] [--pairs-resnet18 40]
+        [--device cpu|cuda]
 
 Two figures, both robust to a busy shared machine:
 
@@ -15,7 +16,9 @@ Two figures, both robust to a busy shared machine:
   what ``retain_grad`` costs in the backward are outside it: the whole-step figures hold
   them.)
 
-Results go to ``benchmarks/results/capture-cpu.json``.
+Results go to ``benchmarks/results/capture-<device>.json``. On CUDA each step ends with a
+``torch.cuda.synchronize()`` (the step's time is the device's), and the capture's own time
+is its host time, which is all it takes: it launches no kernel.
 """
 
 from __future__ import annotations
@@ -64,8 +67,9 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))]
 
 
-def measure(name: str, pairs: int, seed: int = 0) -> dict:
-    device = torch.device("cpu")
+def measure(name: str, pairs: int, seed: int = 0, device: str = "cpu") -> dict:
+    device = torch.device(device)
+    cuda = device.type == "cuda"
     case = next(c for c in cases(device) if c.name == name)
     torch.manual_seed(0)
     model, x, y, loss_fn = case.build(device)
@@ -90,6 +94,8 @@ def measure(name: str, pairs: int, seed: int = 0) -> dict:
             capture.attach()
         else:
             capture.detach()
+        if cuda:
+            torch.cuda.synchronize()
         before = timer.seconds
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -97,6 +103,8 @@ def measure(name: str, pairs: int, seed: int = 0) -> dict:
         loss.backward()
         watch.collect(loss)
         optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
         took = time.perf_counter() - start
         if with_capture:
             inside.append(timer.seconds - before)
@@ -132,13 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs-mlp", type=int, default=1500)
     parser.add_argument("--pairs-resnet18", type=int, default=40)
-    default_out = Path(__file__).parent / "results" / "capture-cpu.json"
-    parser.add_argument("--out", default=str(default_out))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--out", default=None, help="default: results/capture-<device>.json")
     args = parser.parse_args(argv)
+    if args.out is None:
+        device_type = torch.device(args.device).type
+        args.out = str(Path(__file__).parent / "results" / f"capture-{device_type}.json")
     torch.set_num_threads(os.cpu_count() or 1)
     results = {
-        "mlp": measure("mlp", args.pairs_mlp),
-        "resnet18": measure("resnet18", args.pairs_resnet18),
+        "mlp": measure("mlp", args.pairs_mlp, device=args.device),
+        "resnet18": measure("resnet18", args.pairs_resnet18, device=args.device),
     }
     for name, res in results.items():
         print(

@@ -50,7 +50,7 @@ On CUDA (when ``torch.cuda.is_available()``) resnet50 at batch 64 is added, step
 with a synchronisation at each step's end, and the watch's ``launch()`` runs under
 ``torch.cuda.set_sync_debug_mode("error")``, so any host synchronisation inside it raises.
 
-Distributed cases (``fsdp2_mlp``, ``fsdp2_transformer``; run by default, alone with
+Distributed cases (``fsdp2_mlp``, ``fsdp2_transformer``; run by default on the CPU, alone with
 ``--distributed``): the same models sharded with FSDP2 (``fully_shard`` per layer, then the
 root) on 2 processes spawned here, gloo on the CPU at 127.0.0.1, one torch thread each. The
 variants, in the same shuffled order on both ranks (their collectives must pair up):
@@ -1055,7 +1055,9 @@ def main(argv: list[str] | None = None) -> int:
     def wanted(name: str, distributed: bool) -> bool:
         if args.models:
             return name in args.models
-        return distributed or not args.distributed
+        if distributed:  # FSDP2 on gloo: CPU processes, whatever --device says
+            return args.distributed or device.type == "cpu"
+        return not args.distributed
 
     results: dict[str, dict] = {}
     for case in cases(device):

@@ -634,27 +634,32 @@ def test_a_compile_made_after_the_watch_is_not_captured_and_the_origin_says_so()
     assert "locate=" in origin.details["reason"]
 
 
-def test_the_call_slot_taken_by_a_compile_or_another_capture_means_module_hooks():
+def test_the_call_slot_held_by_a_compile_or_an_earlier_capture():
     """``model.compile()`` after the watch fills the call slot with its own compiled call:
-    the capture leaves it there and hands over to module hooks. A second watch of a model
-    whose slot another capture holds takes module hooks from the start; a compiled-in-place
-    model is still not captured at all."""
+    the capture's entry goes back in front of it at the next collect(), and a later NaN is
+    still located. A second watch of the model takes the slot over from the first (which
+    was not closed), and says so. A model compiled in place before the watch is captured
+    too, its compiled call wrapped (tests/test_compile.py has the orders with a NaN batch)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 3), RowRoot())
     first = gradscope.watch(model)
-    second = gradscope.watch(model)
-    assert (first.replay.mode, second.replay.mode) == ("call", "hooks")
+    with pytest.warns(UserWarning, match="takes over the capture of an earlier"):
+        second = gradscope.watch(model)
+    assert (first.replay.mode, second.replay.mode) == (None, "call")
+    assert "took over" in first.replay.failed
     second.close()
+    assert "_compiled_call_impl" not in model.__dict__
+    third = gradscope.watch(model)
     model.compile(backend="eager")
-    found = _row_root_nan_at(model, first, 6)
-    assert first.replay.mode == "hooks"
-    assert model.__dict__["_compiled_call_impl"] is not None  # the compile's, kept
+    compiled_call = model.__dict__["_compiled_call_impl"]
+    found = _row_root_nan_at(model, third, 6)
+    assert third.replay.mode == "call" and third.replay._call_impl is compiled_call
     origin = found[-1].origin
     assert origin.phase == "backward" and origin.module == "1", origin
-    first.close()
-    assert model.__dict__["_compiled_call_impl"] is not None
-    assert gradscope.watch(model).replay is None  # compiled in place before the watch
+    third.close()
+    assert model.__dict__["_compiled_call_impl"] is compiled_call  # the compile's, kept
+    assert gradscope.watch(model).replay.mode == "call"  # compiled in place before the watch
     torch._dynamo.reset()
 
 
@@ -679,33 +684,45 @@ def test_a_watched_model_pickles_without_the_capture():
     watch.close()
 
 
-def test_the_output_gradient_lives_one_step_and_the_users_own_stays():
+def test_the_output_gradient_goes_at_collect_and_the_users_own_stays():
     """The gradient at the model's output is kept by autograd (``retain_grad``: no Python
-    call in the backward). A user who asks for it too, after the forward, still reads it
-    after collect(); GradScope's own goes when the next step begins, and an output the user
-    let go of takes its gradient with it (a weak reference: nothing kept alive)."""
+    call in the backward) until collect(): after it, the output holds no gradient (issue
+    #34: a language model's is batch x sequence x vocabulary). An output the user asked a
+    gradient of inside the forward (before the capture saw it) keeps its own; an output the
+    user lets go of takes its gradient with it (a weak reference: nothing kept alive)."""
     import gc
     import weakref
 
+    class KeepsItsOutputGradient(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+            self.keep = False
+
+        def forward(self, x):
+            out = self.layers(x)
+            if self.keep:
+                out.retain_grad()  # the user's own, inside the forward
+            return out
+
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    model = KeepsItsOutputGradient()
     watch = gradscope.watch(model)
-    previous = None
     for step in range(6):
         model.zero_grad()
+        model.keep = step == 4
         out = model(torch.randn(5, 4))
-        if previous is not None:  # the last step's output, still held here
-            assert previous.grad is None
-        if step == 4:
-            out.retain_grad()  # the user's own, after the forward
         loss = out.square().sum()
         loss.backward()
-        watch.collect(loss)
         assert out.grad is not None and torch.equal(out.grad, 2 * out.detach())
-        previous = out if step % 2 else None
+        watch.collect(loss)
+        if step == 4:
+            assert torch.equal(out.grad, 2 * out.detach())
+        else:
+            assert out.grad is None
     # an output the user lets go of is not kept alive by the capture
     gone = weakref.ref(out)
-    del out, previous, loss
+    del out, loss
     gc.collect()
     assert gone() is None
     watch.close()

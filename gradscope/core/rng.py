@@ -9,7 +9,11 @@ Generators that belong to the user (``np.random.default_rng()``, a ``torch.Gener
 passed to a sampler) are the user's objects and are not touched.
 
 Taking a snapshot makes no host synchronisation: every state lives on the host (CUDA's is
-a seed and an offset).
+a seed and an offset). CUDA's read still costs some microseconds a call (NOTES.md: about 4 µs
+on an H200), so the per-step capture takes it only for a forward that draws from it.
+
+CUDA's generator is read and written through :func:`cuda_started`, :func:`_cuda_states` and
+:func:`_set_cuda_states` alone: the CPU tests put a stand-in there for CUDA's generator.
 """
 
 from __future__ import annotations
@@ -33,6 +37,15 @@ class RandomState:
     python: Any
     numpy: Any
 
+    def torch_cuda_moved(self) -> bool:
+        """Whether a CUDA generator drew since this state was taken."""
+        if self.torch_cuda is None:
+            return False
+        now = _cuda_states()
+        return len(now) != len(self.torch_cuda) or not all(
+            torch.equal(a, b) for a, b in zip(now, self.torch_cuda, strict=True)
+        )
+
     def torch_cpu_moved(self) -> bool:
         """Whether torch's CPU generator drew since this state was taken."""
         return self.torch_cpu is not None and not torch.equal(torch.get_rng_state(), self.torch_cpu)
@@ -51,16 +64,32 @@ class RandomState:
 NO_RANDOM_STATE = RandomState(None, None, None, None)
 
 
-def capture_random_state(*, host: bool = True, torch_cpu: bool = True) -> RandomState:
+def cuda_started() -> bool:
+    """Whether CUDA is initialised (its generators exist; reading them earlier would start
+    it)."""
+    return torch.cuda.is_initialized()
+
+
+def _cuda_states() -> list[torch.Tensor]:
+    return torch.cuda.get_rng_state_all()
+
+
+def _set_cuda_states(states: list[torch.Tensor]) -> None:
+    torch.cuda.set_rng_state_all(states)
+
+
+def capture_random_state(
+    *, host: bool = True, torch_cpu: bool = True, cuda: bool = True
+) -> RandomState:
     """The current state of every generator (see the module docstring). ``host=False``
     leaves out Python's and numpy's (tens of microseconds a snapshot), ``torch_cpu=False``
-    torch's CPU generator: for a per-step capture of a forward known not to draw from
-    them (CUDA's, a seed and an offset, is always taken once CUDA is initialised)."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    torch's CPU generator, ``cuda=False`` the CUDA generators (some microseconds): for a
+    per-step capture of a forward known not to draw from them."""
+    cuda_states = _cuda_states() if cuda and cuda_started() else None
     cpu = torch.default_generator.get_state() if torch_cpu else None
     if not host:
-        return RandomState(cpu, cuda, None, None)
-    return RandomState(cpu, cuda, random.getstate(), np.random.get_state())
+        return RandomState(cpu, cuda_states, None, None)
+    return RandomState(cpu, cuda_states, random.getstate(), np.random.get_state())
 
 
 def restore_random_state(state: RandomState) -> None:
@@ -68,7 +97,7 @@ def restore_random_state(state: RandomState) -> None:
     if state.torch_cpu is not None:
         torch.set_rng_state(state.torch_cpu)
     if state.torch_cuda is not None:
-        torch.cuda.set_rng_state_all(state.torch_cuda)
+        _set_cuda_states(state.torch_cuda)
     if state.python is not None:
         random.setstate(state.python)
     if state.numpy is not None:

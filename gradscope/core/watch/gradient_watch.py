@@ -82,7 +82,8 @@ class GradientWatch:
 
     ``model`` may be wrapped (DistributedDataParallel, DataParallel, ``torch.compile``):
     layer names are those of the model inside, and the diagnosis re-run calls that model
-    directly (no collective, no recompilation).
+    directly (no collective, no recompilation). A compiled model's calls are captured outside
+    its compiled region, in every order of watch and compile (:mod:`gradscope.core.replay`).
 
     NaN/Inf: the first step of each NaN/Inf episode (a non-finite step after a finite one)
     gets ``stats.origin``. The step is re-run with instruments (module, op, line): through
@@ -192,7 +193,9 @@ class GradientWatch:
         self.last: StepStats | None = None
         self.episodes = Episodes(int(max_located), float(locate_timeout))
         # What repeating a step without locate= needs, captured at each training forward.
-        self.replay = make_replay(model, enabled=replay, max_gradient_bytes=max_gradient_bytes)
+        self.replay = make_replay(
+            self.wrapped_model, enabled=replay, max_gradient_bytes=max_gradient_bytes
+        )
         self._handles: list[Any] = []
         self._kinds_cache: tuple[Any, torch.Tensor] | None = None
         # The optimizers that write the weights: an "update" origin names them, and with

@@ -661,6 +661,27 @@ def test_root_of_cancellation_evidence_bfloat16_variance_by_subtraction():
         assert root_of_cancellation.hint(plain) is None
 
 
+def test_root_of_cancellation_names_a_bfloat16_operand_of_a_float32_subtraction():
+    """What CUDA autocast does (pow in float32, mean of a product in bfloat16): the
+    subtraction runs in float32 but E(h^2) was rounded in bfloat16, the cause to name."""
+    torch.manual_seed(0)
+    model = nn.Linear(64, 64)
+    with torch.no_grad():
+        model.bias.fill_(30.0)
+    x = torch.randn(8, 64)
+
+    def compute_loss():
+        h = model(x).bfloat16()
+        variance = (h * h).mean(-1) - h.float().mean(-1) ** 2
+        return variance.sqrt().float().sum()
+
+    origin = locate_first_nonfinite(model, compute_loss)
+    assert (origin.kind, origin.op) == ("nan", "Tensor.sqrt")
+    text = _chosen(origin, root_of_cancellation)
+    assert "took an operand computed in bfloat16, which keeps 8 significant bits" in text
+    assert "in float32 (x.float())" in text
+
+
 def test_cross_entropy_smoothing_over_mask_evidence_label_smoothing_argument():
     torch.manual_seed(0)
     model = nn.Linear(4, 5)

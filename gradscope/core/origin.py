@@ -527,12 +527,18 @@ class _Tracer(TorchFunctionMode):
         record = self.labels.get(tensor.grad_fn) if tensor.grad_fn is not None else None
         if record is None or any(record is other for other in this):
             return None
-        before = []
-        for node, _ in getattr(tensor.grad_fn, "next_functions", ()):
+        before, dtypes = [], []
+        for node, output_nr in getattr(tensor.grad_fn, "next_functions", ()):
             found = self.labels.get(node) if node is not None else None
             if found is not None and found is not record:
                 before.append(found.op)
-        return {"op": record.op, "from": before[:4]}
+                dtypes.append(_output_dtype(node, output_nr))
+        made: dict[str, Any] = {"op": record.op, "from": before[:4]}
+        if any(dtypes):
+            # what each operand was computed in: under CUDA autocast a float32 subtraction
+            # can take a bfloat16 E(x^2), whose rounding is then the cause
+            made["dtypes"] = dtypes[:4]
+        return made
 
     def _input_summary(self, tensor: torch.Tensor) -> dict[str, Any]:
         summary = tensor_summary(tensor)
@@ -641,6 +647,14 @@ class _ModuleCheck:
     values: dict[str, Any] = field(default_factory=dict)
     root_inputs: list[_BadTensor] | None = None  # what the root module was called with
     backward: bool = False
+
+
+def _output_dtype(node: Any, output_nr: int) -> str | None:
+    """The dtype of the forward value an autograd node made (its gradient's metadata)."""
+    try:
+        return str(node._input_metadata[output_nr].dtype).removeprefix("torch.")
+    except (AttributeError, IndexError, RuntimeError):
+        return None
 
 
 # -- the batch ---------------------------------------------------------------------------

@@ -44,11 +44,17 @@ def hint(origin: Origin) -> str | None:
     if low is None or low >= 0 or not any(_difference_of_averages(m) for m in made_by):
         return None
     dtype = dtype_of(values(origin, "inputs")) or "float32"
+    # The least precise operand of the subtraction sets its error: under CUDA autocast a
+    # float32 subtraction (pow runs in float32 there) can take a bfloat16 E(x^2).
+    operands = [d for m in made_by if _difference_of_averages(m) for d in m.get("dtypes", []) if d]
+    coarsest = min([dtype, *operands], key=lambda d: BITS.get(d, 53))
+    ran = "ran in" if coarsest == dtype else "took an operand computed in"
+    dtype = coarsest
     autocast = evidence(origin, "autocast")
     under = f" under {autocast} autocast" if autocast else ""
     half = dtype in ("bfloat16", "float16")
     cause = (
-        f"The subtraction ran in {dtype}{under}, which keeps {BITS[dtype]} significant bits: "
+        f"The subtraction {ran} {dtype}{under}, which keeps {BITS[dtype]} significant bits: "
         "the rounding error of E(x^2) alone is larger than a small variance, so the "
         "difference goes negative. The dtype is the cause, not the data. "
         if half

@@ -185,7 +185,11 @@ class HeatmapPlot(QWidget):
         self._rgba[first:rows] = colorize(matrix[first:rows], low, high)
         self._colored_levels, self._colored_rows = (low, high), complete
         self.rgba = self._rgba[:rows]
-        self.image.setImage(self.rgba, autoLevels=False)
+        # pyqtgraph (0.14) turns a one-layer image into a QImage of zero size (the swapped
+        # axes of an (N, 1, 4) array give it a line stride of one pixel): the heatmap went
+        # blank when one layer was watched. The row drawn twice fills the same rectangle.
+        shown = np.repeat(self.rgba, 2, axis=1) if len(order) == 1 else self.rgba
+        self.image.setImage(shown, autoLevels=False)
         first_step = self._steps[0]
         # Steps per history row: 1, except in a decimated recording (every k-th step and
         # the steps with events), whose image spans its steps, not its row count (it was

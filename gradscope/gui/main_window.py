@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import time
 from collections import deque
 from itertools import groupby
@@ -192,6 +193,7 @@ class MainWindow(QMainWindow):
         recent = self.recent_menu.menuAction()
         self.file_menu.insertAction(recent, self.comparison.add_action)
         self.file_menu.insertAction(recent, self.comparison.clear_action)
+        self.file_menu.insertAction(recent, self.comparison.pin_action)
         # Application shortcuts work wherever the focus is (a text field's Ctrl+Z included).
         self.shortcut_router = shortcuts.install(self)
         self._update_actions()
@@ -732,6 +734,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"GradScope — {payload.display_name}")
         self.model_label.setText(payload.display_name)
         self.device_label.setText(f"device: {payload.device}")
+        self.comparison.model_shown(f"model:{payload.source}")
         if self.persist:
             self._remember_model(payload.source)
         self._set_state("ready")
@@ -841,6 +844,10 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_recordings_recording_loaded(self, run: RecordedRun) -> None:
+        reader = self.recordings.reader
+        # The ranks of one distributed run are one model: switching rank keeps the runs.
+        path = str(reader.path.resolve()) if reader is not None else run.name
+        self.comparison.model_shown("recording:" + re.sub(r"\.rank\d+(?=\.gsrec$)", "", path))
         self.show_recorded_run(run.tree, run.history, run.name, run.settings)
 
     @Slot(int)

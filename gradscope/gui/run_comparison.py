@@ -44,6 +44,13 @@ class RunComparison(QObject):
         self.clear_action = QAction("Clear compared runs", parent)
         self.clear_action.setEnabled(False)
         self.clear_action.triggered.connect(self.clear)
+        self.pin_action = QAction("&Keep compared runs when another model opens", parent)
+        self.pin_action.setCheckable(True)
+        self.pin_action.setStatusTip(
+            "Compared runs and rewound branches belong to the model they were made on; "
+            "tick this to compare them with the next model too"
+        )
+        self.shown: str | None = None  # what the window shows, as model_shown was told
 
     def add_recording(self, path: str | os.PathLike[str]) -> bool:
         """Read ``path`` and compare it; a file that is no recording says why and changes
@@ -71,12 +78,25 @@ class RunComparison(QObject):
             unique = f"{name} ({suffix})"
             suffix += 1
         style = COMPARED_LINE_STYLES[len(self.runs) % len(COMPARED_LINE_STYLES)]
-        run = ComparedRun(unique, history, style)
+        run = ComparedRun(unique, history, style, made_on=self.shown)
         self.runs = (*self.runs, run)
         self.clear_action.setEnabled(True)
         self._show_message(f"comparing with {unique} ({history.count} steps)")
         self.runs_changed.emit()
         return run
+
+    def model_shown(self, key: str) -> None:
+        """The window now shows ``key`` (a model's source, a recording's path). Runs made
+        on another model leave (a rewound branch, a recording of another model's layers
+        drawn beside this one's namesakes), unless the user pinned them."""
+        self.shown = key
+        if self.pin_action.isChecked():
+            return
+        kept = tuple(run for run in self.runs if run.made_on == key)
+        if len(kept) != len(self.runs):
+            self.runs = kept
+            self.clear_action.setEnabled(bool(kept))
+            self.runs_changed.emit()
 
     def clear(self) -> None:
         if self.runs:

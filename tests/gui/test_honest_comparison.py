@@ -62,3 +62,23 @@ def test_a_compared_recording_leaves_with_its_model_unless_pinned(
     window.comparison.pin_action.setChecked(True)
     open_and_wait(qtbot, window, scripts["tiny"])
     assert [run.name for run in window.comparison.runs] == ["A.gsrec"]
+
+
+def test_skipped_steps_are_skipped_in_the_per_parameter_view_too(qtbot, window) -> None:
+    from pathlib import Path
+
+    from gui_helpers import open_and_wait, run_and_wait
+
+    from gradscope.gui.mixed_precision import SKIPPED_WORDS
+
+    sample = Path(__file__).resolve().parents[2] / "sample_models/fp16_scaler_healthy_skips.py"
+    open_and_wait(qtbot, window, str(sample), steps=10)
+    run_and_wait(qtbot, window, window.run)
+    norm = window.plots.gradient_norm
+    norm.statistic_selector.choose("param_grad_norm")
+    window._refresh()
+    assert norm.per_parameter and norm.curves
+    assert norm.skipped.steps.tolist() == [0, 1, 2, 3, 4, 6, 7]
+    assert norm._edge_points == []  # no NaN/Inf marker: they are the scaler's skips
+    legend = [label.text for _, label in norm.legend.items]
+    assert SKIPPED_WORDS in legend

@@ -61,14 +61,15 @@ def collapse_words(scale: float) -> str:
 
 def origin_html(origin: Origin) -> str:
     """The origin's fields for the banner above the list."""
+    # ("module none: in the batch" read as a module named none.)
     if origin.phase == "input":
-        where = "none: in the batch (your data), not in the model or the loss"
+        where = "in the batch (your data), not in the model or the loss"
     elif (origin.details.get("evidence") or {}).get("default_loss"):
-        where = "GradScope's default loss (your script has no loss_fn)"
+        where = "in GradScope's default loss (your script has no loss_fn)"
     elif origin.module is None:
         where = "outside the model (loss code)"
     else:
-        where = f"<b>{origin.module or '(model root)'}</b>"
+        where = f"module <b>{origin.module or '(model root)'}</b>"
     parts = []
     collapse = scale_collapse(origin)
     if collapse is not None:
@@ -78,7 +79,7 @@ def origin_html(origin: Origin) -> str:
     parts += [
         f"<span style='color:#b00000;font-weight:bold'>First {origin.kind.upper()} at step "
         f"{origin.step}</span> in the {origin.phase} pass",
-        f"module {where}, tensor <b>{origin.tensor}</b>",
+        f"{where}, tensor <b>{origin.tensor}</b>",
     ]
     if origin.op:
         parts.append(f"operation <code>{origin.op}</code>")
@@ -126,6 +127,17 @@ class EventsPanel(QWidget):
             "padding: 4px; background: #eef2f8; border: 1px solid #c8d2e0;")
         self.rank_note.setVisible(False)
         layout.insertWidget(layout.indexOf(self.banner_area), self.rank_note)
+        # The compared runs' own first NaN/Inf (each a link to its layer and step): a run
+        # compared here is judged by where it broke too, not only the shown run.
+        self.compared_note = QLabel()
+        self.compared_note.setWordWrap(True)
+        self.compared_note.setTextFormat(Qt.TextFormat.RichText)
+        self.compared_note.setStyleSheet(
+            "padding: 4px; background: #fbf3f3; border: 1px dashed #e3a0a0;")
+        self.compared_note.setVisible(False)
+        self.compared_note.linkActivated.connect(self._on_compared_note_link_activated)
+        layout.insertWidget(layout.indexOf(self.banner_area) + 1, self.compared_note)
+        self._compared_origins: list[tuple[str, Origin]] = []
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["Step", "Event", "Layer", "Details"])
         self.table.verticalHeader().setVisible(False)
@@ -159,6 +171,28 @@ class EventsPanel(QWidget):
     def set_rank_note(self, text: str) -> None:
         self.rank_note.setText(text)
         self.rank_note.setVisible(bool(text))
+
+    def set_compared_origins(self, origins: list[tuple[str, Origin]]) -> None:
+        """Each compared run's first NaN/Inf origin, as (run name, origin)."""
+        if origins == self._compared_origins:
+            return
+        self._compared_origins = list(origins)
+        lines = []
+        for index, (name, origin) in enumerate(origins):
+            where = ("in the batch" if origin.phase == "input" else "outside the model"
+                     if origin.module is None else f"in {origin.module or '(model root)'}")
+            lines.append(
+                f"<b>{html.escape(name)}</b> (compared): "
+                f"<a href='{index}'>first {origin.kind.upper()} at step {origin.step}, "
+                f"{html.escape(where)}</a> in the {origin.phase} pass")
+        self.compared_note.setText("<br>".join(lines))
+        self.compared_note.setToolTip(
+            "<br><br>".join(f"<b>{html.escape(n)}</b><br>{origin_html(o)}" for n, o in origins))
+        self.compared_note.setVisible(bool(origins))
+
+    def _on_compared_note_link_activated(self, link: str) -> None:
+        _, origin = self._compared_origins[int(link)]
+        self.selection_made.emit(Selection(origin.module, origin.step))
 
     def clear(self) -> None:
         self.table.setRowCount(0)

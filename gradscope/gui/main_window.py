@@ -1004,6 +1004,9 @@ class MainWindow(QMainWindow):
         self.plots.refresh(view)
         self._refresh_tree_values(step)
         self.events_panel.update_events(history.events, history.first_nonfinite)
+        self.events_panel.set_compared_origins(
+            [(run.name, run.history.first_nonfinite) for run in self.comparison.runs
+             if run.history.first_nonfinite is not None])
         self._show_origin()
         self._refresh_status_bar()
 

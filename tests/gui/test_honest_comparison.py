@@ -2,8 +2,32 @@
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
+
+import torch
 from test_plots import _history, _view
+from torch import nn
+
+import gradscope
+
+
+def record_blow_up(path: Path, steps: int = 12, nan_at: int = 7) -> Path:
+    """A small MLP's real run recorded to ``path``, its batch NaN at step ``nan_at`` (the
+    weights are NaN from then on: the run blew up, it did not end)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with gradscope.watch(model, record=path) as watch:
+        for step in range(steps):
+            inputs = torch.randn(16, 4)
+            if step == nan_at:
+                inputs[0, 0] = float("nan")
+            loss = nn.functional.mse_loss(model(inputs), inputs.sum(1, keepdim=True))
+            loss.backward()
+            watch.collect(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return path
 
 
 def test_a_heatmap_of_one_layer_is_drawn(qtbot) -> None:
@@ -82,3 +106,40 @@ def test_skipped_steps_are_skipped_in_the_per_parameter_view_too(qtbot, window) 
     assert norm._edge_points == []  # no NaN/Inf marker: they are the scaler's skips
     legend = [label.text for _, label in norm.legend.items]
     assert SKIPPED_WORDS in legend
+
+
+def test_a_compared_run_that_blew_up_carries_its_own_markers(qtbot, window, tmp_path) -> None:
+    from test_dashboard_plots import record_run
+
+    shown = record_run(tmp_path / "C.gsrec", steps=12, seed=0)
+    blown = record_blow_up(tmp_path / "A.gsrec", steps=12, nan_at=7)
+    assert window.recordings.open_recording(shown)
+    assert window.comparison.add_recording(blown)
+    window._refresh()
+    norm, loss = window.plots.gradient_norm, window.plots.loss
+    assert norm._edge_points == []  # the shown run is healthy
+    # Every step from 7 on is NaN in the compared run: a marker each, on both plots.
+    expected = [("A.gsrec", step) for step in range(7, 12)]
+    assert norm.compared_marks.nonfinite_points == expected
+    assert loss.compared_marks.nonfinite_points == expected
+    # A line in the run's own style where it blew up.
+    line = norm.compared_marks.first_lines["A.gsrec"]
+    assert line.value() == 7 and line.pen.style() == window.comparison.runs[0].line_style
+    assert loss.compared_marks.first_lines["A.gsrec"].value() == 7
+    legend = [label.text for _, label in norm.legend.items]
+    assert any("compared run" in text and "NaN/Inf" in text for text in legend)
+    # Its own origin, in the run legend and above the Events list (a link to it).
+    origin = window.comparison.runs[0].history.first_nonfinite
+    assert origin is not None and origin.step == 7
+    run_legend = [label.text for _, label in loss.legend.items]
+    assert any(text.startswith("NaN/Inf from step 7") for text in run_legend), run_legend
+    note = window.events_panel.compared_note
+    assert note.isVisible() and "A.gsrec" in note.text() and "step 7" in note.text()
+    with qtbot.waitSignal(window.events_panel.selection_made) as blocker:
+        note.linkActivated.emit("0")
+    assert blocker.args[0].step == 7
+    # Gone with the run.
+    window.comparison.clear()
+    assert not window.events_panel.compared_note.isVisible()
+    assert norm.compared_marks.nonfinite_points == []
+    assert not norm.compared_marks.first_lines and not loss.compared_marks.first_lines

@@ -19,6 +19,11 @@ from gradscope.gui.mixed_precision import (
 )
 from gradscope.gui.peak_raster import PeakRasterItem
 from gradscope.gui.plot_axes import elapsed_text, elide
+from gradscope.gui.plots.compared_markers import (
+    COMPARED_NONFINITE_WORDS,
+    ComparedMarkers,
+    layer_marks,
+)
 from gradscope.gui.plots.display_values import ema_display, log10_display
 from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.peak_cache import PeakLevels
@@ -101,6 +106,9 @@ class GradientNormPlot(QWidget):
         self.compared_curves: dict[tuple[str, str], pg.PlotDataItem] = {}
         self._compared_state: dict[tuple[str, str], tuple] = {}
         self.missing_in_compared: dict[str, list[str]] = {}  # run name -> ticked layers
+        # Their own NaN/Inf and skipped steps (hollow, under the shown run's markers).
+        self.compared_marks = ComparedMarkers(self.item)
+        self._compared_marks_key: tuple | None = None
         # The layers' values (shared with the heatmap, which reads its resets) and, while
         # the selector shows per-parameter norms, the parameters'.
         self.layer_cache = LogNormCache()
@@ -608,6 +616,27 @@ class GradientNormPlot(QWidget):
                 self.item.removeItem(curve)
                 del self.compared_curves[key]
                 self._compared_state.pop(key, None)
+        marks_key = (
+            tuple((run.name, id(run.history), run.history.count) for run in view.compared),
+            self._value_statistic,
+            tuple(visible),
+            self.wall_clock,
+        )
+        if marks_key != self._compared_marks_key:
+            self._compared_marks_key = marks_key
+            self.compared_marks.refresh(
+                tuple(
+                    layer_marks(
+                        run,
+                        self._value_statistic,
+                        visible,
+                        run.history.elapsed_seconds()
+                        if self.wall_clock
+                        else run.history.steps.astype(np.float64),
+                    )
+                    for run in view.compared
+                )
+            )
 
     def _update_legend(self, visible: list[str]) -> None:
         # Many layers: the selected one and the first others, then how many more (hovering
@@ -623,7 +652,8 @@ class GradientNormPlot(QWidget):
         if self._edge_points:
             shown = [*shown, _EDGE_LEGEND]
         skipped = bool(len(self.skipped.steps))
-        key = [*shown, more, skipped]
+        compared_nonfinite = bool(len(self.compared_marks.nonfinite.data))
+        key = [*shown, more, skipped, compared_nonfinite]
         if key == self._legend_names:
             return
         self.legend.clear()
@@ -641,8 +671,10 @@ class GradientNormPlot(QWidget):
             self.legend.addItem(self.markers, "NaN/Inf top, 0 bottom")
         if skipped:
             self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
+        if compared_nonfinite:
+            self.legend.addItem(self.compared_marks.nonfinite, COMPARED_NONFINITE_WORDS)
         self._legend_names = key
-        self.legend.setVisible(bool(shown) or skipped)
+        self.legend.setVisible(bool(shown) or skipped or compared_nonfinite)
         self._fit_legend_columns()
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
@@ -726,6 +758,8 @@ class GradientNormPlot(QWidget):
             self.item.removeItem(curve)
         self.compared_curves.clear()
         self._compared_state.clear()
+        self.compared_marks.clear()
+        self._compared_marks_key = None
         self._group_key = self._edge_key = None
         self._selected = None
         self._legend_names = ["-"]

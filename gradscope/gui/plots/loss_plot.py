@@ -13,6 +13,11 @@ from gradscope.gui.mixed_precision import (
     SkippedMarkers,
 )
 from gradscope.gui.plot_axes import elide
+from gradscope.gui.plots.compared_markers import (
+    ComparedMarkers,
+    compared_origin_words,
+    loss_marks,
+)
 from gradscope.gui.plots.compared_runs import LINE_STYLE_WORDS, ComparedRun, short_run_name
 from gradscope.gui.plots.display_values import ema_display, log10_display
 from gradscope.gui.plots.plot_view import PlotView
@@ -71,6 +76,8 @@ class LossPlot(QWidget):
         self._x = np.zeros(0)  # where each step is drawn (its number, or its time)
         self.wall_clock = False
         self.compared_curves: dict[str, pg.PlotDataItem] = {}  # run name -> its loss
+        self.compared_marks = ComparedMarkers(self.item)
+        self._compared_marks_key: tuple | None = None
         # The value axis: auto (log when the loss spans orders of magnitude), log, linear.
         self.scale_choice = QComboBox(self.widget)
         self.scale_choice.addItems(["auto", "log", "linear"])
@@ -164,11 +171,26 @@ class LossPlot(QWidget):
                 connect="finite",
                 pen=pg.mkPen("#333", width=1.2, style=run.line_style),
             )
+        key = (
+            tuple((run.name, id(run.history), run.history.count) for run in compared),
+            self.wall_clock,
+        )
+        if key != self._compared_marks_key:
+            self._compared_marks_key = key
+            self.compared_marks.refresh(
+                tuple(loss_marks(run, self._x_of(run.history)) for run in compared)
+            )
 
     def _update_legend(self) -> None:
         run_name, compared, ticked = self._runs
         runs = tuple(
-            (run.name, run.line_style, tuple(run.missing_layers(ticked))) for run in compared
+            (
+                run.name,
+                run.line_style,
+                tuple(run.missing_layers(ticked)),
+                compared_origin_words(run),
+            )
+            for run in compared
         )
         key = (bool(len(self.skipped.steps)), self.loss_scale.shown, runs and (run_name, runs))
         if key == self._legend_key:
@@ -202,6 +224,9 @@ class LossPlot(QWidget):
             if missing:  # a line of its own: the plot is narrow
                 names = elide(", ".join(n or "(model)" for n in missing), 20)
                 self.legend.addItem(pg.PlotDataItem(pen=None), f"missing: {names}")
+            words = compared_origin_words(run)
+            if words:  # the run's own origin (Events lists it in full)
+                self.legend.addItem(pg.PlotDataItem(pen=None), elide(f"NaN/Inf {words}", 34))
 
     def show_selection(self, step: int | None) -> None:
         self.step_line.setVisible(step is not None)

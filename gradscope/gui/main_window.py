@@ -189,6 +189,7 @@ class MainWindow(QMainWindow):
             self, runs_folder, lambda text: self.statusBar().showMessage(text, 8000)
         )
         self.comparison.runs_changed.connect(self._on_comparison_runs_changed)
+        self.comparison.runs_grew.connect(self._on_comparison_runs_grew)
         self.debugger.branch_abandoned.connect(self.comparison.add_run)
         recent = self.recent_menu.menuAction()
         self.file_menu.insertAction(recent, self.comparison.add_action)
@@ -1019,6 +1020,9 @@ class MainWindow(QMainWindow):
         if self.state == "loading":
             return "Loading the model…"
         return "Open a model script (Ctrl+O), a model by name or a recording (File menu)."
+
+    def _on_comparison_runs_grew(self) -> None:
+        self._dirty = True
 
     def _on_comparison_runs_changed(self) -> None:
         self.plots.follow_range = True  # the step axis takes in every run compared

@@ -143,3 +143,37 @@ def test_a_compared_run_that_blew_up_carries_its_own_markers(qtbot, window, tmp_
     assert not window.events_panel.compared_note.isVisible()
     assert norm.compared_marks.nonfinite_points == []
     assert not norm.compared_marks.first_lines and not loss.compared_marks.first_lines
+
+
+def test_a_compared_recording_still_being_written_follows_its_writer(
+    qtbot, window, tmp_path
+) -> None:
+    from test_dashboard_plots import record_run
+    from test_recordings_in_app import TIMEOUT, _write
+
+    from gradscope.core.recording import RecordingReader
+
+    shown = record_run(tmp_path / "C.gsrec", steps=12, seed=0)
+    path, child = _write(tmp_path, steps=400, pause=0.02)
+    try:
+        assert child.stdout is not None
+        child.stdout.readline()
+        qtbot.waitUntil(lambda: RecordingReader(path).row_count() > 0, timeout=TIMEOUT)
+        assert window.recordings.open_recording(shown)
+        assert window.comparison.add_recording(path)
+        run = window.comparison.runs[0]
+        first = run.history.count
+        qtbot.waitUntil(lambda: run.history.count > first + 5, timeout=TIMEOUT)
+        qtbot.waitUntil(
+            lambda: (
+                window.plots.loss.compared_curves["live.gsrec"].getData()[0] is not None
+                and len(window.plots.loss.compared_curves["live.gsrec"].getData()[0])
+                == run.history.count
+            ),
+            timeout=TIMEOUT,
+        )
+    finally:
+        child.kill()
+        child.wait()
+    window.comparison.clear()
+    assert not window.comparison.followed and not window.comparison.follow_timer.isActive()

@@ -177,3 +177,23 @@ def test_a_compared_recording_still_being_written_follows_its_writer(
         child.wait()
     window.comparison.clear()
     assert not window.comparison.followed and not window.comparison.follow_timer.isActive()
+
+
+def test_the_row_axes_refit_when_top_10_cuts_the_layers_after_a_zoom(qtbot) -> None:
+    from gradscope.gui.plots import PlotPanel
+
+    names, history, _ = _history(layers=30, steps=40)
+    panel = PlotPanel()
+    qtbot.addWidget(panel)
+    panel.resize(900, 700)
+    panel.show()
+    panel.refresh(_view(names, history))
+    assert panel.heatmap.item.vb.viewRange()[1] == [-0.5, 29.5]
+    panel.gradient_norm.item.vb.sigRangeChangedManually.emit([True, False])  # a zoom
+    assert not panel.follow_range
+    panel.layer_choice.setCurrentIndex(panel.layer_choice.findData("norm"))
+    assert panel.heatmap.item.vb.viewRange()[1] == [-0.5, 9.5]
+    # The flow chart's rows are the heatmap's (linked, aligned on screen; its view is a
+    # little taller, with no colour bar under it).
+    low, high = panel.flow.item.vb.viewRange()[1]
+    assert low == -0.5 and 9.5 <= high < 12

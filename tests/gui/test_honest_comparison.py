@@ -197,3 +197,28 @@ def test_the_row_axes_refit_when_top_10_cuts_the_layers_after_a_zoom(qtbot) -> N
     # little taller, with no colour bar under it).
     low, high = panel.flow.item.vb.viewRange()[1]
     assert low == -0.5 and 9.5 <= high < 12
+
+
+def test_the_loss_plot_reads_out_the_step_under_the_mouse(qtbot, window, tmp_path) -> None:
+    from PySide6.QtCore import QPointF
+    from test_dashboard_plots import record_run
+
+    from gradscope.gui.status_style import format_value
+
+    shown = record_run(tmp_path / "C.gsrec", steps=12, seed=0)
+    assert window.recordings.open_recording(shown)
+    assert window.comparison.add_recording(record_blow_up(tmp_path / "A.gsrec", nan_at=7))
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    window._refresh()
+    loss = window.plots.loss
+    loss.item.vb.prepareForPaint()
+    x, y = loss.curve.getData()
+    scene = loss.item.vb.mapViewToScene(QPointF(float(x[9]), float(y[9])))
+    loss._on_scene_mouse_moved(scene)
+    assert loss.hover.isVisible()
+    expected = format_value(float(window.history.losses[9]))
+    assert loss.hover_text.splitlines() == ["step 9", f"loss = {expected}", "A.gsrec: NaN"]
+    window.plots.hide_hover()
+    assert not loss.hover.isVisible() and loss.hover_text == ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPointF, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
 
 from gradscope.gui.mixed_precision import (
@@ -12,7 +12,7 @@ from gradscope.gui.mixed_precision import (
     LossScaleAxis,
     SkippedMarkers,
 )
-from gradscope.gui.plot_axes import elide
+from gradscope.gui.plot_axes import elapsed_text, elide
 from gradscope.gui.plots.compared_markers import (
     ComparedMarkers,
     compared_origin_words,
@@ -26,7 +26,10 @@ from gradscope.gui.plots.step_zoom import StepZoomViewBox
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     NONFINITE_MARKER_COLOR,
+    format_value,
 )
+
+_HOVER_PIXELS = 12  # how far (across the steps) the mouse may be from a step it reads
 
 
 class LossPlot(QWidget):
@@ -89,6 +92,17 @@ class LossPlot(QWidget):
         self.scale_choice.move(2, 2)
         self.scale_choice.currentIndexChanged.connect(self._on_scale_choice_changed)
         self._last_view: PlotView | None = None
+        # The readout the other plots have: the step under the mouse, its loss and each
+        # compared run's loss at that step.
+        self.hover = pg.TextItem(
+            anchor=(0, 1), color="#111", fill=pg.mkBrush(255, 255, 230, 235), border="#999"
+        )
+        self.hover.setZValue(50)
+        self.hover.setVisible(False)
+        self.item.addItem(self.hover, ignoreBounds=True)
+        self.hover_text = ""
+        self.widget.scene().sigMouseMoved.connect(self._on_scene_mouse_moved)
+        self.widget.viewport().installEventFilter(self)
 
     def _on_scale_choice_changed(self, _index: int) -> None:
         if self._last_view is not None:
@@ -246,6 +260,67 @@ class LossPlot(QWidget):
         self.markers.setData(
             self._nonfinite_steps, np.full(len(self._nonfinite_steps), top - 8 * pixel_height)
         )
+
+    def readout(self, scene_pos: QPointF) -> str:
+        """What the mouse at ``scene_pos`` points at: the nearest step's loss (within a few
+        pixels), and each compared run's loss at that step; "" when no step is near."""
+        vb = self.item.vb
+        if not vb.sceneBoundingRect().contains(scene_pos) or not len(self._steps):
+            return ""
+        x = vb.mapSceneToView(scene_pos).x()
+        pixel_width, _ = vb.viewPixelSize()
+        row = int(np.argmin(np.abs(self._x - x)))
+        if abs(self._x[row] - x) > _HOVER_PIXELS * pixel_width:
+            return ""
+        history = self._last_view.history if self._last_view is not None else None
+        if history is None or row >= history.count:
+            return ""
+        step = int(self._steps[row])
+        when = f"step {step}"
+        if self.wall_clock:
+            when += f" · {elapsed_text(float(self._x[row]))} after the first step"
+        lines = [when, f"loss = {self._loss_words(history, row)}"]
+        for run in self._last_view.compared:
+            other = run.history.row_of_step(step)
+            if other is not None:
+                name = short_run_name(run.name)
+                lines.append(f"{name}: {self._loss_words(run.history, other)}")
+        return "\n".join(lines)
+
+    @staticmethod
+    def _loss_words(history: object, row: int) -> str:
+        value = float(history.losses[row])
+        if bool(history.skipped[row]):
+            return f"{format_value(value)} ({SKIPPED_WORDS})"
+        return format_value(value)
+
+    def hide_hover(self) -> None:
+        self.hover.setVisible(False)
+        self.hover_text = ""
+
+    def leaveEvent(self, event: object) -> None:
+        super().leaveEvent(event)
+        self.hide_hover()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        # Left for the scale box over the corner (a child: no leaveEvent of this widget).
+        if event.type() == QEvent.Type.Leave:
+            self.hide_hover()
+        return False
+
+    def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
+        text = self.readout(scene_pos)
+        if not text:
+            self.hide_hover()
+            return
+        self.hover_text = text
+        self.hover.setText(text)
+        rect = self.item.vb.sceneBoundingRect()
+        right = scene_pos.x() > rect.left() + rect.width() * 0.6
+        upper = scene_pos.y() < rect.top() + rect.height() * 0.4
+        self.hover.setAnchor((1 if right else 0, 0 if upper else 1))
+        self.hover.setPos(self.item.vb.mapSceneToView(scene_pos))
+        self.hover.setVisible(True)
 
     def _on_scene_mouse_clicked(self, event: object) -> None:
         if event.button() != Qt.MouseButton.LeftButton or not len(self._steps):

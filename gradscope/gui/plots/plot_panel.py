@@ -387,6 +387,7 @@ class PlotPanel(QWidget):
     def hide_hover(self) -> None:
         """No hover text left over data that changed (a load, a rewind)."""
         self.gradient_norm.hide_hover()
+        self.loss.hide_hover()
         QToolTip.hideText()
 
     def auto_range(self) -> None:

@@ -222,3 +222,36 @@ def test_the_loss_plot_reads_out_the_step_under_the_mouse(qtbot, window, tmp_pat
     assert loss.hover_text.splitlines() == ["step 9", f"loss = {expected}", "A.gsrec: NaN"]
     window.plots.hide_hover()
     assert not loss.hover.isVisible() and loss.hover_text == ""
+
+
+def test_a_click_on_more_lists_every_layer_in_the_legend(qtbot) -> None:
+    from PySide6.QtCore import Qt
+
+    from gradscope.gui.plots import GradientNormPlot
+
+    names, history, _ = _history(layers=20, steps=30)
+    plot = GradientNormPlot()
+    qtbot.addWidget(plot)
+    plot.resize(900, 600)
+    plot.show()
+    plot.refresh(_view(names, history))
+    qtbot.wait(20)
+
+    def labels() -> list[str]:
+        return [label.text for _, label in plot.legend.items]
+
+    def click(text: str) -> None:
+        label = next(label for _, label in plot.legend.items if label.text == text)
+        center = label.sceneBoundingRect().center()
+        point = plot.widget.mapFromScene(center)
+        qtbot.mouseClick(plot.widget.viewport(), Qt.MouseButton.LeftButton, pos=point)
+
+    folded = labels()
+    more = next(text for text in folded if text.startswith("+"))
+    assert more.endswith("more ▸") and len(folded) < 20
+    click(more)
+    # Every curve named, then the markers' entries as before.
+    assert labels()[:21] == [*names, "◂ fewer"], str(labels())
+    assert labels()[21:] == folded[folded.index(more) + 1 :]
+    click("◂ fewer")
+    assert labels() == folded

@@ -90,6 +90,9 @@ class GradientNormPlot(QWidget):
         self._legend_names: list[str] = []
         self._legend_limit_used = _LEGEND_MAX
         self._legend_more = pg.PlotDataItem(pen=None)  # the sample of the "+N more" entry
+        # A click on "+N more" lists every ticked layer (which colour is which was found
+        # only by hovering); "fewer" folds it again.
+        self.legend_expanded = False
         # One curve per layer while few are ticked; with more, the unselected ones are
         # peak-downsampled to the view here and drawn together as one image (each layer in
         # its colour), and only the selected layer keeps its own curve.
@@ -644,7 +647,8 @@ class GradientNormPlot(QWidget):
         shown = list(visible)
         more = 0
         limit = self._legend_limit_used = self._legend_limit()
-        if len(shown) > limit:
+        foldable = self.legend_expanded and len(shown) > limit
+        if len(shown) > limit and not self.legend_expanded:
             first = [self._selected] if self._selected in shown else []
             rest = [n for n in shown if n not in first]
             shown = first + rest[: max(0, limit - 1 - len(first))]
@@ -653,7 +657,7 @@ class GradientNormPlot(QWidget):
             shown = [*shown, _EDGE_LEGEND]
         skipped = bool(len(self.skipped.steps))
         compared_nonfinite = bool(len(self.compared_marks.nonfinite.data))
-        key = [*shown, more, skipped, compared_nonfinite]
+        key = [*shown, more, foldable, skipped, compared_nonfinite]
         if key == self._legend_names:
             return
         self.legend.clear()
@@ -666,7 +670,9 @@ class GradientNormPlot(QWidget):
                 )
                 self.legend.addItem(sample, elide(name, 22))
         if more:
-            self.legend.addItem(self._legend_more, f"+{more} more")
+            self.legend.addItem(self._legend_more, f"+{more} more ▸")
+        elif foldable:
+            self.legend.addItem(self._legend_more, "◂ fewer")
         if _EDGE_LEGEND in shown:
             self.legend.addItem(self.markers, "NaN/Inf top, 0 bottom")
         if skipped:
@@ -806,10 +812,26 @@ class GradientNormPlot(QWidget):
         self.hover.setPos(self.item.vb.mapSceneToView(scene_pos))
         self.hover.setVisible(True)
 
+    def _legend_toggle_at(self, scene_pos: QPointF) -> bool:
+        """The "+N more" / "fewer" entry is at ``scene_pos``."""
+        return any(
+            getattr(sample, "item", sample) is self._legend_more  # (an ItemSample holds it)
+            and (
+                label.sceneBoundingRect().contains(scene_pos)
+                or sample.sceneBoundingRect().contains(scene_pos)
+            )
+            for sample, label in self.legend.items
+        )
+
     def _on_scene_mouse_clicked(self, event: object) -> None:
         if event.button() != Qt.MouseButton.LeftButton:
             return
         scene_pos = event.scenePos()
+        if self.legend.isVisible() and self._legend_toggle_at(scene_pos):
+            self.legend_expanded = not self.legend_expanded
+            self._update_legend(self._visible)
+            event.accept()
+            return
         if not self.item.vb.sceneBoundingRect().contains(scene_pos):
             return
         found = self.nearest(scene_pos)

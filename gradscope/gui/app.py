@@ -129,6 +129,7 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     if screenshot is None:
         if not window.restore_geometry():
             window.resize(*_window_size())
+            window.fit_to_screen_when_shown()
     else:
         window.resize(*_window_size())
     window.show()

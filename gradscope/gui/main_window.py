@@ -643,6 +643,12 @@ class MainWindow(QMainWindow):
     def _fit_to_screen(self) -> None:
         fit_to_screen(self)
 
+    def fit_to_screen_when_shown(self) -> None:
+        """Fit the window, title bar included, into its screen once it is shown (the frame
+        is known only then): a default size of the screen's whole available area put the
+        status bar of a 1280x800 screen below its edge."""
+        self._fit_after_show = True
+
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         if self._fit_after_show:

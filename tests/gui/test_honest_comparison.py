@@ -255,3 +255,23 @@ def test_a_click_on_more_lists_every_layer_in_the_legend(qtbot) -> None:
     assert labels()[21:] == folded[folded.index(more) + 1 :]
     click("◂ fewer")
     assert labels() == folded
+
+
+def test_a_window_of_the_whole_screen_is_fitted_frame_and_all_once_shown(
+    qtbot, preferences
+) -> None:
+    from PySide6.QtGui import QGuiApplication
+
+    from gradscope.gui.app import configure_plots
+    from gradscope.gui.main_window import MainWindow
+
+    configure_plots()
+    room = QGuiApplication.primaryScreen().availableGeometry()
+    window = MainWindow(preferences)
+    qtbot.addWidget(window)
+    # As launch sizes it on a small screen (its client area the whole screen), plus more.
+    window.resize(room.width() + 50, room.height() + 40)
+    window.fit_to_screen_when_shown()
+    window.show()
+    qtbot.waitUntil(lambda: room.contains(window.frameGeometry()), timeout=2000)
+    window.close()

@@ -5,6 +5,7 @@ engine measured."""
 from __future__ import annotations
 
 import csv
+import html
 import json
 import re
 import time
@@ -251,6 +252,14 @@ class MainWindow(QMainWindow):
         filter_row.addWidget(self.filter_edit, 1)
         filter_row.addWidget(self.layer_actions.tick_matching_button)
         layout.addLayout(filter_row)
+        # A filter kept from the last model can match nothing in this one: the tree was
+        # empty with no word why.
+        self.filter_hint = QLabel()
+        self.filter_hint.setWordWrap(True)
+        self.filter_hint.setStyleSheet("color: #8a4b00; padding: 2px;")
+        self.filter_hint.setVisible(False)
+        self.filter_hint.linkActivated.connect(lambda _link: self.filter_edit.clear())
+        layout.addWidget(self.filter_hint)
         self.plots.layer_menu_requested.connect(self.layer_actions.popup_for)
         layout.addWidget(self.tree_view, 1)
         hint = QLabel("Tick the layers to watch; red rows: NaN/Inf, orange: exploding, "
@@ -671,6 +680,7 @@ class MainWindow(QMainWindow):
         self.plots.clear()
         self.events_panel.clear()
         self.tree_model.set_tree(tree, watched)
+        self._show_filter_hint()
         watched_set = set(watched)
         self._layer_order = [node.name for node in tree
                              if node.own_params > 0 or node.name in watched_set]
@@ -896,6 +906,16 @@ class MainWindow(QMainWindow):
 
     def _on_filter_edit_text_changed(self, text: str) -> None:
         self.tree_proxy.set_filter_text(text)
+        self._show_filter_hint()
+
+    def _show_filter_hint(self) -> None:
+        text = self.filter_edit.text().strip()
+        empty = bool(text) and self.tree_model.rowCount() > 0 and self.tree_proxy.rowCount() == 0
+        if empty:
+            self.filter_hint.setText(
+                f"No layer of this model matches the filter “{html.escape(text)}”: "
+                "<a href='clear'>clear the filter</a>.")
+        self.filter_hint.setVisible(empty)
         if text:
             self.tree_view.expandAll()
 

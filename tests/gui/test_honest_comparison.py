@@ -275,3 +275,17 @@ def test_a_window_of_the_whole_screen_is_fitted_frame_and_all_once_shown(
     window.show()
     qtbot.waitUntil(lambda: room.contains(window.frameGeometry()), timeout=2000)
     window.close()
+
+
+def test_a_filter_that_matches_nothing_in_the_new_model_says_so(qtbot, window, scripts) -> None:
+    from gui_helpers import open_and_wait
+
+    open_and_wait(qtbot, window, scripts["nan"])
+    window.filter_edit.setText("encoder")
+    assert window.tree_proxy.rowCount() > 0 and not window.filter_hint.isVisible()
+    open_and_wait(qtbot, window, scripts["tiny"])  # no layer named encoder here
+    assert window.tree_proxy.rowCount() == 0
+    assert window.filter_hint.isVisible() and "encoder" in window.filter_hint.text()
+    window.filter_hint.linkActivated.emit("clear")
+    assert window.filter_edit.text() == "" and not window.filter_hint.isVisible()
+    assert window.tree_proxy.rowCount() > 0

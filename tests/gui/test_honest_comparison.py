@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -289,3 +290,23 @@ def test_a_filter_that_matches_nothing_in_the_new_model_says_so(qtbot, window, s
     window.filter_hint.linkActivated.emit("clear")
     assert window.filter_edit.text() == "" and not window.filter_hint.isVisible()
     assert window.tree_proxy.rowCount() > 0
+
+
+def test_the_flow_chart_names_of_104_layers_do_not_overlap(qtbot) -> None:
+    from gradscope.gui.plots import GradientFlowPlot
+
+    names, history, _ = _history(layers=104, steps=3)
+    flow = GradientFlowPlot()
+    qtbot.addWidget(flow)
+    flow.resize(290, 300)  # its share of a 1280x800 window
+    flow.show()
+    qtbot.waitExposed(flow)
+    view = _view(names, history)
+    flow.refresh(view)
+    flow.item.setYRange(-0.5, 103.5, padding=0)
+    qtbot.wait(50)
+    shown = [label for label in flow.name_labels if label.isVisible()]
+    assert 4 <= len(shown) < 104
+    boxes = sorted((label.sceneBoundingRect() for label in shown), key=lambda r: r.top())
+    for upper, lower in itertools.pairwise(boxes):
+        assert upper.bottom() <= lower.top() + 0.5, (upper, lower)

@@ -69,20 +69,34 @@ def _runs_user_code(source: str) -> bool:
     return Path(source).resolve().parent != DEFAULT_SAMPLE.parent
 
 
+def _builds_a_zoo_model(source: str) -> bool:
+    """An ``hf:``/``timm:`` name: often 100M+ parameters, a minute to build on a CPU
+    (`gradscope` with no argument rebuilt hf:bert's 110M unasked)."""
+    return source.startswith(("hf:", "timm:"))
+
+
 def script_to_offer(preferences: Any) -> str | None:
-    """The last model, when it is a script of the user's that still exists: the app does
-    not import it unasked at start (it may train, download, or be the script that crashed
-    the app), it offers File > Reopen instead."""
+    """The last model, when it is a script of the user's that still exists, or an
+    ``hf:``/``timm:`` model: the app does not import or build it unasked at start (a script
+    may train, download, or be the one that crashed the app; a zoo model may take a minute),
+    it offers File > Reopen instead."""
     last = str(preferences.value("model/last", "") or "")
+    if last and _builds_a_zoo_model(last):
+        return last
     return last if last and _runs_user_code(last) and Path(last).exists() else None
 
 
 def default_model(preferences: Any) -> str | None:
-    """What the app opens at start without arguments: the last model when it is a built-in
-    name or a sample; nothing when it is a script of the user's (see script_to_offer); the
-    default sample when there was none."""
+    """What the app opens at start without arguments: the last model when it is a
+    torchvision name or a sample; nothing when it is a script of the user's or an
+    ``hf:``/``timm:`` model (see script_to_offer); the default sample when there was none."""
     last = str(preferences.value("model/last", "") or "")
-    if last and not _runs_user_code(last) and (not last.endswith(".py") or Path(last).exists()):
+    if (
+        last
+        and not _runs_user_code(last)
+        and not _builds_a_zoo_model(last)
+        and (not last.endswith(".py") or Path(last).exists())
+    ):
         return last
     if script_to_offer(preferences) is not None:
         return None

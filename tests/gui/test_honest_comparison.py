@@ -310,3 +310,18 @@ def test_the_flow_chart_names_of_104_layers_do_not_overlap(qtbot) -> None:
     boxes = sorted((label.sceneBoundingRect() for label in shown), key=lambda r: r.top())
     for upper, lower in itertools.pairwise(boxes):
         assert upper.bottom() <= lower.top() + 0.5, (upper, lower)
+
+
+def test_start_without_arguments_offers_a_zoo_model_rather_than_building_it(
+    window, preferences
+) -> None:
+    from gradscope.gui.app import default_model, offer_reopen, script_to_offer
+
+    for name in ("hf:bert", "timm:convnext_tiny"):
+        preferences.setValue("model/last", name)
+        assert default_model(preferences) is None  # nothing built at start
+        assert script_to_offer(preferences) == name
+    action = offer_reopen(window, "hf:bert", {})
+    assert action.text() == "Reopen hf:bert"
+    preferences.setValue("model/last", "resnet18")  # a torchvision name reopens as before
+    assert default_model(preferences) == "resnet18"

@@ -89,7 +89,7 @@ def test_a_compared_recording_leaves_with_its_model_unless_pinned(
     assert [run.name for run in window.comparison.runs] == ["A.gsrec"]
 
 
-def test_skipped_steps_are_skipped_in_the_per_parameter_view_too(qtbot, window) -> None:
+def test_skipped_steps_are_skipped_in_the_per_parameter_view_too(qtbot, window, scripts) -> None:
     from pathlib import Path
 
     from gui_helpers import open_and_wait, run_and_wait
@@ -107,6 +107,11 @@ def test_skipped_steps_are_skipped_in_the_per_parameter_view_too(qtbot, window) 
     assert norm._edge_points == []  # no NaN/Inf marker: they are the scaler's skips
     legend = [label.text for _, label in norm.legend.items]
     assert SKIPPED_WORDS in legend
+    # The next model has no scaler: the heatmap's title no longer explains purple cells.
+    assert "purple" in window.plots.heatmap.item.titleLabel.text
+    open_and_wait(qtbot, window, scripts["tiny"])
+    window._refresh()
+    assert "purple" not in window.plots.heatmap.item.titleLabel.text
 
 
 def test_a_compared_run_that_blew_up_carries_its_own_markers(qtbot, window, tmp_path) -> None:

@@ -125,6 +125,9 @@ class HeatmapPlot(QWidget):
         if not order or history.count == 0:
             self.image.clear()
             self._key = None
+            if self._skipped_title:  # the last run's scaler is not this one's
+                self._skipped_title = False
+                self._show_title()
             return
         cache = self.cache
         cache.update(history)

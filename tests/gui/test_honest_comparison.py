@@ -330,3 +330,12 @@ def test_start_without_arguments_offers_a_zoo_model_rather_than_building_it(
     assert action.text() == "Reopen hf:bert"
     preferences.setValue("model/last", "resnet18")  # a torchvision name reopens as before
     assert default_model(preferences) == "resnet18"
+
+
+def test_a_sample_description_shows_no_raw_markup(qtbot, window) -> None:
+    from gui_helpers import open_and_wait
+
+    sample = Path(__file__).resolve().parents[2] / "sample_models/backward_sqrt_of_zero.py"
+    open_and_wait(qtbot, window, str(sample))
+    notes = window.settings_panel.model_notes.text()
+    assert "sqrt" in notes and "``" not in notes

@@ -339,3 +339,30 @@ def test_a_sample_description_shows_no_raw_markup(qtbot, window) -> None:
     open_and_wait(qtbot, window, str(sample))
     notes = window.settings_panel.model_notes.text()
     assert "sqrt" in notes and "``" not in notes
+
+
+def test_a_detail_statistic_measured_every_step_is_a_line_not_loose_dots(
+    qtbot, window, tmp_path
+) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / "every.gsrec"
+    with gradscope.watch(model, record=path, detail_every=1) as watch:
+        for _ in range(60):  # more than DOTS_UP_TO: a line, not dots, unless sparse
+            inputs = torch.randn(16, 4)
+            loss = nn.functional.mse_loss(model(inputs), inputs.sum(1, keepdim=True))
+            loss.backward()
+            watch.collect(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    from test_dashboard_plots import record_run
+
+    sparse = record_run(tmp_path / "sparse.gsrec", steps=60)  # detail every 3rd step
+    plot = window.plots.gradient_norm
+    for recording, dots in ((path, None), (sparse, "o")):
+        assert window.recordings.open_recording(recording)
+        plot.statistic_selector.choose("weight_norm")
+        window._refresh()
+        curve = plot.curves["2"]
+        assert curve.isVisible() and curve.opts["symbol"] == dots, recording

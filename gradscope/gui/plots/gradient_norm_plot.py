@@ -12,7 +12,7 @@ from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
 
-from gradscope.core.history import ParameterNorms, RunHistory
+from gradscope.core.history import MISSING, ParameterNorms, RunHistory
 from gradscope.gui.mixed_precision import (
     SKIPPED_WORDS,
     SkippedMarkers,
@@ -112,6 +112,7 @@ class GradientNormPlot(QWidget):
         # Their own NaN/Inf and skipped steps (hollow, under the shown run's markers).
         self.compared_marks = ComparedMarkers(self.item)
         self._compared_marks_key: tuple | None = None
+        self._sparse_memo: dict[tuple, bool] = {}  # see _measured_sparsely
         # The layers' values (shared with the heatmap, which reads its resets) and, while
         # the selector shows per-parameter norms, the parameters'.
         self.layer_cache = LogNormCache()
@@ -334,6 +335,22 @@ class GradientNormPlot(QWidget):
             self.curves[name] = curve
         return curve
 
+    def _measured_sparsely(self, history: RunHistory | ParameterNorms | None) -> bool:
+        """The statistic shown is measured on some steps only (detail steps): its values
+        are points with nothing between. Measured every step (``detail_every=1``), it is a
+        line like the gradient norm (it was drawn as loose dots)."""
+        if self.statistic not in DETAIL_ONLY or history is None or not history.count:
+            return False
+        key = (id(history), history.count, self._value_statistic)
+        found = self._sparse_memo.get(key)
+        if found is None:
+            measured = (history.matrix(self._value_statistic) != MISSING).any(axis=1)
+            found = not bool(measured.all())
+            if len(self._sparse_memo) > 16:
+                self._sparse_memo.clear()
+            self._sparse_memo[key] = found
+        return found
+
     def _y(self, logged: np.ndarray) -> np.ndarray:
         """Drawn y of log10 values: themselves on the log axis, 10**them on a linear one."""
         if not self.linear:
@@ -395,7 +412,7 @@ class GradientNormPlot(QWidget):
             raw.setVisible(False)
         # Dots while there are few steps (one has no line), and always for a statistic
         # measured on detail steps only: its values are points, with nothing between.
-        few = (cache.rows <= DOTS_UP_TO or self.statistic in DETAIL_ONLY) and bool(
+        few = (cache.rows <= DOTS_UP_TO or self._measured_sparsely(self._history)) and bool(
             np.isfinite(logged).any()
         )
         color = self._colors.get(name, QColor("#1f77b4"))
@@ -470,7 +487,7 @@ class GradientNormPlot(QWidget):
             return
         self._group_key = key
         columns = self._columns
-        points_only = self.statistic in DETAIL_ONLY
+        points_only = self._measured_sparsely(self._history)
         if points_only or per_block == 1:
             # Points only (see DETAIL_ONLY): every measured value in view, not blocks.
             x = steps[first:last]
@@ -597,7 +614,7 @@ class GradientNormPlot(QWidget):
                     color = self._colors.get(name, QColor("#1f77b4"))
                     series = run.history.series(self._value_statistic, name)
                     values = self._y(log10_display(series))
-                    points = self.statistic in DETAIL_ONLY or run.history.count <= DOTS_UP_TO
+                    points = self._measured_sparsely(run.history) or run.history.count <= DOTS_UP_TO
                     x = (
                         run.history.elapsed_seconds()
                         if self.wall_clock

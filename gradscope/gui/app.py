@@ -55,7 +55,16 @@ def make_application(argv: list[str] | None = None) -> Any:
 
 
 def configure_plots() -> None:
+    import warnings
+
     import pyqtgraph as pg
+
+    # pyqtgraph's scatter items take their bounds with nanmin/nanmax (its curves silence
+    # that themselves); points that are NaN in full are normal here, a NaN is drawn as a
+    # marker: no terminal full of "All-NaN slice encountered" (about 40 in an hour).
+    warnings.filterwarnings(
+        "ignore", "All-NaN slice encountered", RuntimeWarning, module=r"pyqtgraph\."
+    )
 
     pg.setConfigOptions(background="w", foreground="#333", antialias=True,
                         imageAxisOrder="col-major")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import numpy as np
 import torch
 from test_plots import _history, _view
 from torch import nn
@@ -366,3 +367,18 @@ def test_a_detail_statistic_measured_every_step_is_a_line_not_loose_dots(
         window._refresh()
         curve = plot.curves["2"]
         assert curve.isVisible() and curve.opts["symbol"] == dots, recording
+
+
+def test_a_curve_that_is_all_nan_leaves_the_terminal_quiet(qtbot) -> None:
+    import warnings
+
+    import pyqtgraph as pg
+
+    from gradscope.gui.app import configure_plots
+
+    configure_plots()
+    # (pyqtgraph's curves silence it themselves; its scatter items do not)
+    markers = pg.ScatterPlotItem(x=np.arange(5.0), y=np.full(5, np.nan))
+    with warnings.catch_warnings(record=True) as caught:
+        markers.dataBounds(1)
+    assert not [w for w in caught if "All-NaN" in str(w.message)]

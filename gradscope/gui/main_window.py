@@ -819,8 +819,9 @@ class MainWindow(QMainWindow):
             self.run_thread.mark_idle()
             self._run_after_load = False
             before, self._before_load = self._before_load, None
-            if self.loaded is not None and before is not None:
-                # The model loaded before stays, with its name and its run.
+            if before is not None and (self.loaded is not None or before[2] == "recording"):
+                # The model (or recording) shown before stays, with its name and its run:
+                # the toolbar named the script that failed over a recording's plots.
                 self.source, self.weights, state, label = before
                 self.model_label.setText(label)
                 self._set_state("paused" if state in ("running", "loading") else state)

@@ -382,3 +382,17 @@ def test_a_curve_that_is_all_nan_leaves_the_terminal_quiet(qtbot) -> None:
     with warnings.catch_warnings(record=True) as caught:
         markers.dataBounds(1)
     assert not [w for w in caught if "All-NaN" in str(w.message)]
+
+
+def test_a_failed_open_over_a_recording_keeps_the_recording_named(
+    qtbot, window, scripts, tmp_path
+) -> None:
+    from gui_helpers import LOAD_TIMEOUT
+    from test_dashboard_plots import record_run
+
+    assert window.recordings.open_recording(record_run(tmp_path / "C.gsrec", steps=8))
+    with qtbot.waitSignal(window.error_shown, timeout=LOAD_TIMEOUT):
+        window.open_model(scripts["broken"])
+    window.error_dialog.close()
+    assert window.model_label.text() == "C.gsrec"
+    assert window.state == "recording" and window.history.count == 8

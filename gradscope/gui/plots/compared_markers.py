@@ -157,7 +157,15 @@ class ComparedMarkers:
                 line.setZValue(17)
                 self.plot_item.addItem(line, ignoreBounds=True)
                 self.first_lines[run.name] = line
-            line.setValue(float(run_marks.x[rows[0]]))
+            at = float(run_marks.x[rows[0]])
+            # The name on the side with room: left of a line in the right half of the run
+            # (where runs mostly blow up; on the right it ran off the plot's edge).
+            first, last = float(run_marks.x[0]), float(run_marks.x[-1])
+            line.label.anchors = (
+                [(1, 0.5), (1, 0.5)] if at > (first + last) / 2 else [(0, 0.5), (0, 0.5)]
+            )
+            line.setValue(at)
+            line.label.updatePosition()
         for name in [n for n in self.first_lines if n not in wanted]:
             self.plot_item.removeItem(self.first_lines.pop(name))
         self._points = (np.asarray(x, dtype=np.float64), symbols, data)

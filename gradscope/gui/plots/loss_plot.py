@@ -238,9 +238,10 @@ class LossPlot(QWidget):
             if missing:  # a line of its own: the plot is narrow
                 names = elide(", ".join(n or "(model)" for n in missing), 20)
                 self.legend.addItem(pg.PlotDataItem(pen=None), f"missing: {names}")
-            words = compared_origin_words(run)
-            if words:  # the run's own origin (Events lists it in full)
-                self.legend.addItem(pg.PlotDataItem(pen=None), elide(f"NaN/Inf {words}", 34))
+            origin = run.history.first_nonfinite
+            if origin is not None:  # the run's own origin: where, above the Events list
+                # (Short: a wider legend widened the plot past its view at 1280x800.)
+                self.legend.addItem(pg.PlotDataItem(pen=None), f"NaN/Inf from step {origin.step}")
 
     def show_selection(self, step: int | None) -> None:
         self.step_line.setVisible(step is not None)

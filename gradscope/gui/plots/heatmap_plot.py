@@ -111,10 +111,14 @@ class HeatmapPlot(QWidget):
         self.statistic_changed.emit(statistic)
 
     def _show_title(self) -> None:
+        # Short, and clear of the statistic box over the top-left corner: the scaler's
+        # words made it run off both sides of a 1280x800 window's heatmap (the hover and
+        # the legends of the plots above say "skipped by the loss scaler" in full).
         self.item.setTitle(
             f"log10 {STATISTIC_LABELS[self.statistic]} (red: NaN/Inf, white: 0"
-            + (", purple: skipped by the loss scaler)" if self._skipped_title else ")"),
+            + (", purple: skipped)" if self._skipped_title else ")"),
             size="10pt",
+            justify="right",
         )
 
     def refresh(self, view: PlotView) -> None:

@@ -154,6 +154,7 @@ class RunComparison(QObject):
         if self.runs:
             self._stop_following()
             self.runs = ()
+            self._show_message("compared runs cleared")  # not "comparing with ..." still
             self.clear_action.setEnabled(False)
             self.runs_changed.emit()
 

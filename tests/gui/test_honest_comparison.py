@@ -140,6 +140,16 @@ def test_a_compared_run_that_blew_up_carries_its_own_markers(qtbot, window, tmp_
     assert origin is not None and origin.step == 7
     run_legend = [label.text for _, label in loss.legend.items]
     assert any(text.startswith("NaN/Inf from step 7") for text in run_legend), run_legend
+    from PySide6.QtCore import Qt
+
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    label = next(lb for _, lb in loss.legend.items if lb.text.startswith("NaN/Inf from step 7"))
+    point = loss.widget.mapFromScene(label.sceneBoundingRect().center())
+    with qtbot.waitSignal(loss.selection_made) as clicked:
+        qtbot.mouseClick(loss.widget.viewport(), Qt.MouseButton.LeftButton, pos=point)
+    assert (clicked.args[0].layer, clicked.args[0].step) == (origin.module, 7)
     note = window.events_panel.compared_note
     assert note.isVisible() and "A.gsrec" in note.text() and "step 7" in note.text()
     with qtbot.waitSignal(window.events_panel.selection_made) as blocker:

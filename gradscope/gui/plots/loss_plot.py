@@ -65,6 +65,9 @@ class LossPlot(QWidget):
         self.item.layout.addItem(self.legend, 4, 1)
         self.legend.setVisible(False)
         self._legend_key: tuple = (False, False, ())
+        # The compared runs' origin entries of the legend: a click selects that origin's
+        # layer and step (its module, in the shown run's tree).
+        self._origin_entries: list[tuple[pg.PlotDataItem, object]] = []
         # The run legend (with runs compared): this plot draws every run's loss in its
         # line style, so the styles are explained here, beside the curves they name.
         self._runs: tuple[str, tuple[ComparedRun, ...], list[str]] = ("", (), [])
@@ -211,6 +214,7 @@ class LossPlot(QWidget):
             return
         self._legend_key = key
         self.legend.clear()
+        self._origin_entries = []
         if key[0]:
             self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
         if key[1]:
@@ -241,7 +245,9 @@ class LossPlot(QWidget):
             origin = run.history.first_nonfinite
             if origin is not None:  # the run's own origin: where, above the Events list
                 # (Short: a wider legend widened the plot past its view at 1280x800.)
-                self.legend.addItem(pg.PlotDataItem(pen=None), f"NaN/Inf from step {origin.step}")
+                sample = pg.PlotDataItem(pen=None)
+                self.legend.addItem(sample, f"NaN/Inf from step {origin.step} ▸")
+                self._origin_entries.append((sample, origin))
 
     def show_selection(self, step: int | None) -> None:
         self.step_line.setVisible(step is not None)
@@ -324,7 +330,17 @@ class LossPlot(QWidget):
         self.hover.setVisible(True)
 
     def _on_scene_mouse_clicked(self, event: object) -> None:
-        if event.button() != Qt.MouseButton.LeftButton or not len(self._steps):
+        if event.button() != Qt.MouseButton.LeftButton:
+            return
+        for sample, label in self.legend.items if self.legend.isVisible() else ():
+            origin = next(
+                (o for s, o in self._origin_entries if s is getattr(sample, "item", sample)), None
+            )
+            if origin is not None and label.sceneBoundingRect().contains(event.scenePos()):
+                self.selection_made.emit(Selection(origin.module, origin.step))
+                event.accept()
+                return
+        if not len(self._steps):
             return
         if not self.item.vb.sceneBoundingRect().contains(event.scenePos()):
             return

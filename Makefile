@@ -14,6 +14,7 @@ install: $(STAMP)
 # torch and torchvision first, pinned to the release on this machine's disk: a bare `torch`
 # would pull the newest CUDA build (several GB) from the registry.
 $(STAMP): pyproject.toml Makefile
+	@echo "Installing GradScope and torch into $(VENV) (a minute or two, quietly)..."
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1

@@ -24,6 +24,7 @@ from gradscope.core.facts import (
     STATUS_NAMES,
     STATUS_NONFINITE,
     STATUS_OK,
+    STATUS_SKIPPED,
     Origin,
     StatisticInfo,
     StepStats,
@@ -292,12 +293,28 @@ class ParameterNorms:
         return self._values[: self.count, self._column[name]]
 
     def status_matrix(self) -> np.ndarray:
-        """Nonfinite where a norm is NaN/Inf, else ok (what the plots' skipped-step markers
-        ask: a skipped step that is also a failure shows as the failure)."""
+        """Nonfinite where a norm is NaN/Inf, else ok; skipped where the owner layer's
+        status is (what the plots' skipped-step markers ask: a skipped step that is also a
+        failure shows as the failure). A step the loss scaler skipped overflowed as
+        designed, so its parameters' norms are Inf: the layer's status, not the norm, says
+        whether it also failed (the per-parameter view drew every skipped step as NaN/Inf)."""
         values = self.matrix()
-        return np.where(
+        status = np.where(
             (values == MISSING) | np.isfinite(values), STATUS_OK, STATUS_NONFINITE
         ).astype(np.uint8)
+        history = self._history
+        owners = np.fromiter(
+            (history.column(o) if history.has_layer(o) else -1 for o in self.owner),
+            dtype=np.intp,
+            count=len(self.owner),
+        )
+        if self.count and (owners >= 0).any():
+            known = np.flatnonzero(owners >= 0)
+            layer_status = history.status_matrix()[self.rows][:, owners[known]]
+            part = status[:, known]
+            part[layer_status == STATUS_SKIPPED] = STATUS_SKIPPED
+            status[:, known] = part
+        return status
 
     def params_of(self, layers: Sequence[str]) -> list[str]:
         """The parameters of ``layers``, layer by layer in their order."""

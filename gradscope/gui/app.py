@@ -55,10 +55,20 @@ def make_application(argv: list[str] | None = None) -> Any:
 
 
 def configure_plots() -> None:
+    import warnings
+
     import pyqtgraph as pg
 
-    pg.setConfigOptions(background="w", foreground="#333", antialias=True,
-                        imageAxisOrder="col-major")
+    # pyqtgraph's scatter items take their bounds with nanmin/nanmax (its curves silence
+    # that themselves); points that are NaN in full are normal here, a NaN is drawn as a
+    # marker: no terminal full of "All-NaN slice encountered" (about 40 in an hour).
+    warnings.filterwarnings(
+        "ignore", "All-NaN slice encountered", RuntimeWarning, module=r"pyqtgraph\."
+    )
+
+    pg.setConfigOptions(
+        background="w", foreground="#333", antialias=True, imageAxisOrder="col-major"
+    )
 
 
 def _runs_user_code(source: str) -> bool:
@@ -69,28 +79,43 @@ def _runs_user_code(source: str) -> bool:
     return Path(source).resolve().parent != DEFAULT_SAMPLE.parent
 
 
+def _builds_a_zoo_model(source: str) -> bool:
+    """An ``hf:``/``timm:`` name: often 100M+ parameters, a minute to build on a CPU
+    (`gradscope` with no argument rebuilt hf:bert's 110M unasked)."""
+    return source.startswith(("hf:", "timm:"))
+
+
 def script_to_offer(preferences: Any) -> str | None:
-    """The last model, when it is a script of the user's that still exists: the app does
-    not import it unasked at start (it may train, download, or be the script that crashed
-    the app), it offers File > Reopen instead."""
+    """The last model, when it is a script of the user's that still exists, or an
+    ``hf:``/``timm:`` model: the app does not import or build it unasked at start (a script
+    may train, download, or be the one that crashed the app; a zoo model may take a minute),
+    it offers File > Reopen instead."""
     last = str(preferences.value("model/last", "") or "")
+    if last and _builds_a_zoo_model(last):
+        return last
     return last if last and _runs_user_code(last) and Path(last).exists() else None
 
 
 def default_model(preferences: Any) -> str | None:
-    """What the app opens at start without arguments: the last model when it is a built-in
-    name or a sample; nothing when it is a script of the user's (see script_to_offer); the
-    default sample when there was none."""
+    """What the app opens at start without arguments: the last model when it is a
+    torchvision name or a sample; nothing when it is a script of the user's or an
+    ``hf:``/``timm:`` model (see script_to_offer); the default sample when there was none."""
     last = str(preferences.value("model/last", "") or "")
-    if last and not _runs_user_code(last) and (not last.endswith(".py") or Path(last).exists()):
+    if (
+        last
+        and not _runs_user_code(last)
+        and not _builds_a_zoo_model(last)
+        and (not last.endswith(".py") or Path(last).exists())
+    ):
         return last
     if script_to_offer(preferences) is not None:
         return None
     return str(DEFAULT_SAMPLE) if DEFAULT_SAMPLE.exists() else None
 
 
-def offer_reopen(window: Any, script: str, overrides: dict[str, Any],
-                 weights: str | None = None) -> Any:
+def offer_reopen(
+    window: Any, script: str, overrides: dict[str, Any], weights: str | None = None
+) -> Any:
     """File > "Reopen NAME" (first in the menu) and a status-bar line saying so."""
     from PySide6.QtGui import QAction
 
@@ -101,14 +126,21 @@ def offer_reopen(window: Any, script: str, overrides: dict[str, Any],
     first = window.file_menu.actions()[0] if window.file_menu.actions() else None
     window.file_menu.insertAction(first, action)
     window.reopen_action = action
-    window.statusBar().showMessage(f"Your last model, {name}, is one click away: File ▸ "
-                                   f"Reopen {name}", 30000)
+    window.statusBar().showMessage(
+        f"Your last model, {name}, is one click away: File ▸ Reopen {name}", 30000
+    )
     return action
 
 
-def launch(model: str | None, overrides: dict[str, Any], weights: str | None = None,
-           screenshot: str | None = None, recording: str | None = None,
-           compare: list[str] | None = None, statistic: str | None = None) -> int:
+def launch(
+    model: str | None,
+    overrides: dict[str, Any],
+    weights: str | None = None,
+    screenshot: str | None = None,
+    recording: str | None = None,
+    compare: list[str] | None = None,
+    statistic: str | None = None,
+) -> int:
     """Open the window on ``model`` (or the last one, or the default sample), or on a
     ``recording`` (``gradscope open RECORDING``) with the ``compare`` recordings drawn on
     the same axes; ``statistic``: the one the gradient-norm plot shows (a built-in or one of
@@ -130,6 +162,7 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     if screenshot is None:
         if not window.restore_geometry():
             window.resize(*_window_size())
+            window.fit_to_screen_when_shown()
     else:
         window.resize(*_window_size())
     window.show()
@@ -142,6 +175,7 @@ def launch(model: str | None, overrides: dict[str, Any], weights: str | None = N
     exit_code = {"value": 0}
 
     if screenshot is not None:
+
         def save_and_quit() -> None:
             window.save_screenshot(screenshot)
             window.close()

@@ -30,19 +30,28 @@ class ErrorDialog(QDialog):
     """The message in bold, then the relevant lines of the user's traceback, visible at once
     (not behind a "Show details" button)."""
 
-    SCRIPT_HINT = ("The app keeps running; the history so far stays on screen. "
-                   "Fix the script and use Run ▸ Restart (or File ▸ Open) to try again.")
+    SCRIPT_HINT = (
+        "The app keeps running; the history so far stays on screen. "
+        "Fix the script and use Run ▸ Restart (or File ▸ Open) to try again."
+    )
 
-    def __init__(self, parent: QWidget | None, title: str, message: str,
-                 details: list[str], hint: str = SCRIPT_HINT) -> None:
+    def __init__(
+        self,
+        parent: QWidget | None,
+        title: str,
+        message: str,
+        details: list[str],
+        hint: str = SCRIPT_HINT,
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle(title)
         self.message = message
         self.details = list(details)
         layout = QVBoxLayout(self)
         icon = QLabel()
-        icon.setPixmap(self.style().standardIcon(
-            QStyle.StandardPixmap.SP_MessageBoxCritical).pixmap(32, 32))
+        icon.setPixmap(
+            self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxCritical).pixmap(32, 32)
+        )
         text = QLabel(message)
         text.setWordWrap(True)
         font = QFont()
@@ -129,7 +138,8 @@ class ModelDialog(QDialog):
         self.note.setWordWrap(True)
         self.note.setStyleSheet("color: #666;")
         buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel)
+            QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel
+        )
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(self.library)
@@ -190,15 +200,17 @@ class ModelDialog(QDialog):
         return str(self.library.currentData() or "")
 
     def _show_library(self, prefix: str) -> None:
-        self.note.setText({
-            "": "Built with random weights (nothing is downloaded); the input size comes from "
+        self.note.setText(
+            {
+                "": "Built with random weights (nothing is downloaded); the input size comes from "
                 "the run settings or the model's requirement.",
-            "hf:": "A randomly initialised model from transformers' default config for the "
-                   "type (offline); configs too big for a CPU are scaled down (see the model "
-                   "notes in Run settings). hf:<folder> takes a folder with a config.json.",
-            "timm:": "timm's create_model(name, pretrained=False): random weights, at the "
-                     "model's own input size.",
-        }[prefix])
+                "hf:": "A randomly initialised model from transformers' default config for the "
+                "type (offline); configs too big for a CPU are scaled down (see the model "
+                "notes in Run settings). hf:<folder> takes a folder with a config.json.",
+                "timm:": "timm's create_model(name, pretrained=False): random weights, at the "
+                "model's own input size.",
+            }[prefix]
+        )
         self.list.clear()
         names = self._names.get(prefix)
         if names is None:
@@ -331,8 +343,10 @@ def show_about(parent: QWidget) -> QMessageBox:
     box = QMessageBox(parent)
     box.setWindowTitle("About GradScope")
     box.setTextFormat(Qt.TextFormat.RichText)
-    box.setText("<b>GradScope</b>: see where a PyTorch run's gradients explode, vanish or "
-                "turn NaN/Inf.<br><br>" + versions_text())
+    box.setText(
+        "<b>GradScope</b>: see where a PyTorch run's gradients explode, vanish or "
+        "turn NaN/Inf.<br><br>" + versions_text()
+    )
     box.setIcon(QMessageBox.Icon.Information)
     box.open()
     return box

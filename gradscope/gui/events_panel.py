@@ -31,9 +31,13 @@ _KIND_STATUS = {
     "vanishing": STATUS_VANISHING,
     "nonfinite": STATUS_NONFINITE,
 }
-_KIND_LABEL = {"nonfinite": "NaN/Inf", "origin": "NaN/Inf origin",
-               "scale collapse": "Loss scale collapse",
-               "settings": "settings changed", "rewind": "rewound"}
+_KIND_LABEL = {
+    "nonfinite": "NaN/Inf",
+    "origin": "NaN/Inf origin",
+    "scale collapse": "Loss scale collapse",
+    "settings": "settings changed",
+    "rewind": "rewound",
+}
 _LAYER_ROLE = Qt.ItemDataRole.UserRole + 1
 _STEP_ROLE = Qt.ItemDataRole.UserRole + 2
 
@@ -61,24 +65,27 @@ def collapse_words(scale: float) -> str:
 
 def origin_html(origin: Origin) -> str:
     """The origin's fields for the banner above the list."""
+    # ("module none: in the batch" read as a module named none.)
     if origin.phase == "input":
-        where = "none: in the batch (your data), not in the model or the loss"
+        where = "in the batch (your data), not in the model or the loss"
     elif (origin.details.get("evidence") or {}).get("default_loss"):
-        where = "GradScope's default loss (your script has no loss_fn)"
+        where = "in GradScope's default loss (your script has no loss_fn)"
     elif origin.module is None:
         where = "outside the model (loss code)"
     else:
-        where = f"<b>{origin.module or '(model root)'}</b>"
+        where = f"module <b>{origin.module or '(model root)'}</b>"
     parts = []
     collapse = scale_collapse(origin)
     if collapse is not None:
         # A collapse is why the run stopped; the NaN/Inf origin below says where it came from.
-        parts.append(f"<span style='color:#b00000;font-weight:bold'>Step {origin.step}: "
-                     f"{collapse_words(collapse)}</span> (the scaler skips every step now)")
+        parts.append(
+            f"<span style='color:#b00000;font-weight:bold'>Step {origin.step}: "
+            f"{collapse_words(collapse)}</span> (the scaler skips every step now)"
+        )
     parts += [
         f"<span style='color:#b00000;font-weight:bold'>First {origin.kind.upper()} at step "
         f"{origin.step}</span> in the {origin.phase} pass",
-        f"module {where}, tensor <b>{origin.tensor}</b>",
+        f"{where}, tensor <b>{origin.tensor}</b>",
     ]
     if origin.op:
         parts.append(f"operation <code>{origin.op}</code>")
@@ -107,7 +114,8 @@ class EventsPanel(QWidget):
         self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.banner.setStyleSheet(
             "QLabel { background: #fdeeee; border: 1px solid #e3a0a0; "
-            "border-radius: 3px; padding: 4px; }")
+            "border-radius: 3px; padding: 4px; }"
+        )
         # In a scroll area of bounded height, so a long diagnosis never hides the list.
         self.banner_area = QScrollArea()
         self.banner_area.setWidget(self.banner)
@@ -123,9 +131,22 @@ class EventsPanel(QWidget):
         self.rank_note.setTextFormat(Qt.TextFormat.RichText)
         self.rank_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.rank_note.setStyleSheet(
-            "padding: 4px; background: #eef2f8; border: 1px solid #c8d2e0;")
+            "padding: 4px; background: #eef2f8; border: 1px solid #c8d2e0;"
+        )
         self.rank_note.setVisible(False)
         layout.insertWidget(layout.indexOf(self.banner_area), self.rank_note)
+        # The compared runs' own first NaN/Inf (each a link to its layer and step): a run
+        # compared here is judged by where it broke too, not only the shown run.
+        self.compared_note = QLabel()
+        self.compared_note.setWordWrap(True)
+        self.compared_note.setTextFormat(Qt.TextFormat.RichText)
+        self.compared_note.setStyleSheet(
+            "padding: 4px; background: #fbf3f3; border: 1px dashed #e3a0a0;"
+        )
+        self.compared_note.setVisible(False)
+        self.compared_note.linkActivated.connect(self._on_compared_note_link_activated)
+        layout.insertWidget(layout.indexOf(self.banner_area) + 1, self.compared_note)
+        self._compared_origins: list[tuple[str, Origin]] = []
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["Step", "Event", "Layer", "Details"])
         self.table.verticalHeader().setVisible(False)
@@ -139,8 +160,10 @@ class EventsPanel(QWidget):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().setDefaultSectionSize(22)
-        self.placeholder = QLabel("No events yet: onsets of exploding or vanishing gradients "
-                                  "and the first NaN/Inf will be listed here.")
+        self.placeholder = QLabel(
+            "No events yet: onsets of exploding or vanishing gradients "
+            "and the first NaN/Inf will be listed here."
+        )
         self.placeholder.setWordWrap(True)
         self.placeholder.setStyleSheet("color: #777; padding: 6px;")
         layout.addWidget(self.placeholder)
@@ -160,6 +183,35 @@ class EventsPanel(QWidget):
         self.rank_note.setText(text)
         self.rank_note.setVisible(bool(text))
 
+    def set_compared_origins(self, origins: list[tuple[str, Origin]]) -> None:
+        """Each compared run's first NaN/Inf origin, as (run name, origin)."""
+        if origins == self._compared_origins:
+            return
+        self._compared_origins = list(origins)
+        lines = []
+        for index, (name, origin) in enumerate(origins):
+            where = (
+                "in the batch"
+                if origin.phase == "input"
+                else "outside the model"
+                if origin.module is None
+                else f"in {origin.module or '(model root)'}"
+            )
+            lines.append(
+                f"<b>{html.escape(name)}</b> (compared): "
+                f"<a href='{index}'>first {origin.kind.upper()} at step {origin.step}, "
+                f"{html.escape(where)}</a> in the {origin.phase} pass"
+            )
+        self.compared_note.setText("<br>".join(lines))
+        self.compared_note.setToolTip(
+            "<br><br>".join(f"<b>{html.escape(n)}</b><br>{origin_html(o)}" for n, o in origins)
+        )
+        self.compared_note.setVisible(bool(origins))
+
+    def _on_compared_note_link_activated(self, link: str) -> None:
+        _, origin = self._compared_origins[int(link)]
+        self.selection_made.emit(Selection(origin.module, origin.step))
+
     def clear(self) -> None:
         self.table.setRowCount(0)
         self._shown = 0
@@ -176,7 +228,7 @@ class EventsPanel(QWidget):
             self.banner.setText(origin_html(origin))
             self.banner_area.setVisible(True)
             self._banner_shown = True
-        new = events[self._shown:]
+        new = events[self._shown :]
         if not new:
             return
         self.placeholder.setVisible(False)
@@ -184,11 +236,17 @@ class EventsPanel(QWidget):
         for event in new:
             row = 0 if event.kind == "origin" else self.table.rowCount()
             self.table.insertRow(row)
-            if (collapse is not None and origin is not None and event.kind == "origin"
-                    and event.step == origin.step):
+            if (
+                collapse is not None
+                and origin is not None
+                and event.kind == "origin"
+                and event.step == origin.step
+            ):
                 event = dataclasses.replace(
-                    event, kind="scale collapse",
-                    message=f"{collapse_words(collapse)}; {event.message}")
+                    event,
+                    kind="scale collapse",
+                    message=f"{collapse_words(collapse)}; {event.message}",
+                )
             self._fill_row(row, event)
         self._shown = len(events)
 
@@ -200,8 +258,9 @@ class EventsPanel(QWidget):
             kind.setIcon(origin_icon())
         elif event.kind in _KIND_STATUS:
             kind.setIcon(status_icon(_KIND_STATUS[event.kind]))
-        layer = QTableWidgetItem("(outside the model)" if event.layer is None
-                                 else event.layer or "(model)")
+        layer = QTableWidgetItem(
+            "(outside the model)" if event.layer is None else event.layer or "(model)"
+        )
         details = QTableWidgetItem(event.message)
         details.setToolTip(event.message)
         items = (step, kind, layer, details)

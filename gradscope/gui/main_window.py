@@ -5,7 +5,9 @@ engine measured."""
 from __future__ import annotations
 
 import csv
+import html
 import json
+import re
 import time
 from collections import deque
 from itertools import groupby
@@ -179,19 +181,19 @@ class MainWindow(QMainWindow):
         self.debugger = self._build_debugger()
         self.recordings = self._build_recordings()
         # A message (a status tip, a note) gets the room of these, least needed first.
-        self._yielding_labels = [
-            self.recordings.label, self.debugger.memory_label, self.rate_label
-        ]
+        self._yielding_labels = [self.recordings.label, self.debugger.memory_label, self.rate_label]
         self._yielded: list[QLabel] = []
         self.statusBar().messageChanged.connect(self._on_status_message_changed)
         self.comparison = RunComparison(
             self, runs_folder, lambda text: self.statusBar().showMessage(text, 8000)
         )
         self.comparison.runs_changed.connect(self._on_comparison_runs_changed)
+        self.comparison.runs_grew.connect(self._on_comparison_runs_grew)
         self.debugger.branch_abandoned.connect(self.comparison.add_run)
         recent = self.recent_menu.menuAction()
         self.file_menu.insertAction(recent, self.comparison.add_action)
         self.file_menu.insertAction(recent, self.comparison.clear_action)
+        self.file_menu.insertAction(recent, self.comparison.pin_action)
         # Application shortcuts work wherever the focus is (a text field's Ctrl+Z included).
         self.shortcut_router = shortcuts.install(self)
         self._update_actions()
@@ -233,7 +235,8 @@ class MainWindow(QMainWindow):
         palette.setColor(QPalette.ColorRole.HighlightedText, QColor("black"))
         self.tree_view.setPalette(palette)
         self.tree_view.selectionModel().currentRowChanged.connect(
-            self._on_tree_view_current_row_changed)
+            self._on_tree_view_current_row_changed
+        )
         self.filter_edit = QLineEdit()
         self.filter_edit.setPlaceholderText("Filter by name or type (e.g. conv, Linear, layer1)")
         self.filter_edit.setClearButtonEnabled(True)
@@ -242,16 +245,30 @@ class MainWindow(QMainWindow):
         layout = QVBoxLayout(layers)
         layout.setContentsMargins(4, 4, 4, 4)
         self.layer_actions = LayerTreeActions(
-            self, self.tree_view, self.tree_model, self.tree_proxy, self.filter_edit,
-            self._ask_statistics_csv)
+            self,
+            self.tree_view,
+            self.tree_model,
+            self.tree_proxy,
+            self.filter_edit,
+            self._ask_statistics_csv,
+        )
         filter_row = QHBoxLayout()
         filter_row.addWidget(self.filter_edit, 1)
         filter_row.addWidget(self.layer_actions.tick_matching_button)
         layout.addLayout(filter_row)
+        # A filter kept from the last model can match nothing in this one: the tree was
+        # empty with no word why.
+        self.filter_hint = QLabel()
+        self.filter_hint.setWordWrap(True)
+        self.filter_hint.setStyleSheet("color: #8a4b00; padding: 2px;")
+        self.filter_hint.setVisible(False)
+        self.filter_hint.linkActivated.connect(lambda _link: self.filter_edit.clear())
+        layout.addWidget(self.filter_hint)
         self.plots.layer_menu_requested.connect(self.layer_actions.popup_for)
         layout.addWidget(self.tree_view, 1)
-        hint = QLabel("Tick the layers to watch; red rows: NaN/Inf, orange: exploding, "
-                      "blue: vanishing.")
+        hint = QLabel(
+            "Tick the layers to watch; red rows: NaN/Inf, orange: exploding, blue: vanishing."
+        )
         hint.setWordWrap(True)
         hint.setStyleSheet("color: #666;")
         layout.addWidget(hint)
@@ -272,20 +289,27 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.layers_dock, self.settings_dock)
         self.setTabPosition(Qt.DockWidgetArea.LeftDockWidgetArea, QTabWidget.TabPosition.North)
         self.layers_dock.raise_()
-        self.resizeDocks([self.layers_dock, self.events_dock], [560, 240],
-                         Qt.Orientation.Vertical)
+        self.resizeDocks([self.layers_dock, self.events_dock], [560, 240], Qt.Orientation.Vertical)
 
     def _dock(self, title: str, name: str, widget: QWidget) -> QDockWidget:
         dock = QDockWidget(title, self)
         dock.setObjectName(f"{name}_dock")
         dock.setWidget(widget)
-        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
-                         | QDockWidget.DockWidgetFeature.DockWidgetClosable
-                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        dock.setFeatures(
+            QDockWidget.DockWidgetFeature.DockWidgetMovable
+            | QDockWidget.DockWidgetFeature.DockWidgetClosable
+            | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+        )
         return dock
 
-    def _action(self, text: str, slot: Any, shortcut: Any = None,
-                icon: QStyle.StandardPixmap | None = None, tip: str = "") -> QAction:
+    def _action(
+        self,
+        text: str,
+        slot: Any,
+        shortcut: Any = None,
+        icon: QStyle.StandardPixmap | None = None,
+        tip: str = "",
+    ) -> QAction:
         action = QAction(text, self)
         if shortcut is not None:
             action.setShortcut(QKeySequence(shortcut))
@@ -293,59 +317,90 @@ class MainWindow(QMainWindow):
             action.setIcon(self.style().standardIcon(icon))
         if tip:
             action.setStatusTip(tip)
-            action.setToolTip(f"{tip} ({action.shortcut().toString()})"
-                              if shortcut is not None else tip)
+            action.setToolTip(
+                f"{tip} ({action.shortcut().toString()})" if shortcut is not None else tip
+            )
         action.triggered.connect(slot)
         return action
 
     def _build_actions(self) -> None:
         sp = QStyle.StandardPixmap
-        self.open_action = self._action("&Open model script…", self._on_open_action_triggered,
-                                        QKeySequence.StandardKey.Open, sp.SP_DialogOpenButton,
-                                        "Open a .py model script")
+        self.open_action = self._action(
+            "&Open model script…",
+            self._on_open_action_triggered,
+            QKeySequence.StandardKey.Open,
+            sp.SP_DialogOpenButton,
+            "Open a .py model script",
+        )
         self.open_torchvision_action = self._action(
-            "Open model by &name…", self._on_open_torchvision_action_triggered,
-            "Ctrl+Shift+O", sp.SP_ComputerIcon,
-            "Open a torchvision model, a transformers model type (hf:) or a timm model (timm:)")
+            "Open model by &name…",
+            self._on_open_torchvision_action_triggered,
+            "Ctrl+Shift+O",
+            sp.SP_ComputerIcon,
+            "Open a torchvision model, a transformers model type (hf:) or a timm model (timm:)",
+        )
         self.export_png_action = self._action(
-            "Export plots as &PNG…", self._on_export_png_action_triggered, "Ctrl+E")
+            "Export plots as &PNG…", self._on_export_png_action_triggered, "Ctrl+E"
+        )
         self.export_svg_action = self._action(
-            "Export plots as S&VG…", self._on_export_svg_action_triggered,
-            tip="The four plots as vector graphics (lines and text stay sharp at any size)")
+            "Export plots as S&VG…",
+            self._on_export_svg_action_triggered,
+            tip="The four plots as vector graphics (lines and text stay sharp at any size)",
+        )
         self.export_statistics_action = self._action(
-            "Export all statistics as CSV…", lambda: self._ask_statistics_csv(None),
-            tip="step, layer, grad_norm, max_abs, weight_norm, update_ratio, status")
+            "Export all statistics as CSV…",
+            lambda: self._ask_statistics_csv(None),
+            tip="step, layer, grad_norm, max_abs, weight_norm, update_ratio, status",
+        )
         self.export_layer_action = self._action(
             "Export selected layer as CSV…",
             lambda: self._ask_statistics_csv(self.selected_layer),
-            tip="Every statistic of the layer selected in the tree")
+            tip="Every statistic of the layer selected in the tree",
+        )
         self.export_csv_action = self._action(
-            "Export gradient norms as &CSV…", self._on_export_csv_action_triggered,
-            "Ctrl+Shift+E")
+            "Export gradient norms as &CSV…", self._on_export_csv_action_triggered, "Ctrl+Shift+E"
+        )
         self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
-        self.run_action = self._action("&Run", self.run, "F5", sp.SP_MediaPlay,
-                                       "Run or continue up to the steps setting")
-        self.pause_action = self._action("&Pause", self.pause, "F6", sp.SP_MediaPause,
-                                         "Pause after the current step")
-        self.step_action = self._action("&Step", self.step, "F10", sp.SP_MediaSkipForward,
-                                        "One forward/backward/optimizer step")
-        self.stop_action = self._action("S&top", self.stop, "Shift+F5", sp.SP_MediaStop,
-                                        "Stop the run (the next Run starts afresh)")
-        self.restart_action = self._action("R&estart", self.restart, "Ctrl+Shift+F5",
-                                           sp.SP_BrowserReload,
-                                           "Reload the model and start a new run")
+        self.run_action = self._action(
+            "&Run", self.run, "F5", sp.SP_MediaPlay, "Run or continue up to the steps setting"
+        )
+        self.pause_action = self._action(
+            "&Pause", self.pause, "F6", sp.SP_MediaPause, "Pause after the current step"
+        )
+        self.step_action = self._action(
+            "&Step", self.step, "F10", sp.SP_MediaSkipForward, "One forward/backward/optimizer step"
+        )
+        self.stop_action = self._action(
+            "S&top",
+            self.stop,
+            "Shift+F5",
+            sp.SP_MediaStop,
+            "Stop the run (the next Run starts afresh)",
+        )
+        self.restart_action = self._action(
+            "R&estart",
+            self.restart,
+            "Ctrl+Shift+F5",
+            sp.SP_BrowserReload,
+            "Reload the model and start a new run",
+        )
         self.follow_action = self._action("&Follow latest step", self.follow_latest, "End")
-        self.reset_zoom_action = self._action("&Reset plot zoom", self.plots.auto_range,
-                                              "Ctrl+0")
+        self.reset_zoom_action = self._action("&Reset plot zoom", self.plots.auto_range, "Ctrl+0")
         self.expand_action = self._action("&Expand module tree", self.tree_view.expandAll)
         self.collapse_action = self._action("&Collapse module tree", self._collapse_tree)
         self.about_action = self._action("&About GradScope", lambda: show_about(self))
-        self.shortcuts_action = self._action("&Keyboard shortcuts", self.show_shortcuts, "F1",
-                                             tip="Every keyboard shortcut of the window")
+        self.shortcuts_action = self._action(
+            "&Keyboard shortcuts",
+            self.show_shortcuts,
+            "F1",
+            tip="Every keyboard shortcut of the window",
+        )
         self.app_help_url = app_section_url()
         self.app_help_action = self._action(
-            "&Using the app (README)", self._on_app_help_action_triggered,
-            tip="The README's section on the app: plots, comparing runs, recordings")
+            "&Using the app (README)",
+            self._on_app_help_action_triggered,
+            tip="The README's section on the app: plots, comparing runs, recordings",
+        )
         self.app_help_action.setEnabled(self.app_help_url is not None)
 
     def _build_menus(self) -> None:
@@ -392,8 +447,13 @@ class MainWindow(QMainWindow):
         toolbar.setMovable(False)
         toolbar.addAction(self.open_action)
         toolbar.addSeparator()
-        for action in (self.run_action, self.pause_action, self.step_action, self.stop_action,
-                       self.restart_action):
+        for action in (
+            self.run_action,
+            self.pause_action,
+            self.step_action,
+            self.stop_action,
+            self.restart_action,
+        ):
             toolbar.addAction(action)
         toolbar.addSeparator()
         self.model_label = QLabel("")
@@ -412,8 +472,15 @@ class MainWindow(QMainWindow):
         self.progress_label = QLabel("")
         self.precision_label = QLabel("")  # mixed precision: the scale, skipped steps
         self._precision = PrecisionSummary()
-        for label in (self.state_label, self.progress_label, self.device_label,
-                      self.step_label, self.rate_label, self.loss_label, self.precision_label):
+        for label in (
+            self.state_label,
+            self.progress_label,
+            self.device_label,
+            self.step_label,
+            self.rate_label,
+            self.loss_label,
+            self.precision_label,
+        ):
             label.setStyleSheet("padding: 0 8px;")
             bar.addPermanentWidget(label)
         self._set_state("empty")
@@ -443,18 +510,21 @@ class MainWindow(QMainWindow):
                 self._yielded.append(label)
 
     def _build_debugger(self) -> StepDebugger:
-        debugger = StepDebugger(DebuggerParts(
-            run_thread=self.run_thread,
-            status_bar=self.statusBar(),
-            history=lambda: self.history,
-            state=lambda: self.state,
-            loaded=lambda: self.loaded,
-            model_loaded=self.model_loaded,
-            run_paused=self.run_paused,
-            make_action=self._action,
-            make_dock=self._dock,
-            dialog_parent=self,
-        ), self)
+        debugger = StepDebugger(
+            DebuggerParts(
+                run_thread=self.run_thread,
+                status_bar=self.statusBar(),
+                history=lambda: self.history,
+                state=lambda: self.state,
+                loaded=lambda: self.loaded,
+                model_loaded=self.model_loaded,
+                run_paused=self.run_paused,
+                make_action=self._action,
+                make_dock=self._dock,
+                dialog_parent=self,
+            ),
+            self,
+        )
         debugger.install_docks(self, self.events_dock)
         debugger.install_menus(self.run_menu, self.view_menu, self.toolbar)
         debugger.state_changed.connect(self._set_state)
@@ -466,21 +536,24 @@ class MainWindow(QMainWindow):
         return debugger
 
     def _build_recordings(self) -> RecordingController:
-        recordings = RecordingController(RecordingParts(
-            preferences=self.preferences,
-            persist=self.persist,
-            status_bar=self.statusBar(),
-            toolbar=self.toolbar,
-            loss_plot=self.plots.loss.item,
-            events_panel=self.events_panel,
-            history=lambda: self.history,
-            state=lambda: self.state,
-            model_loaded=self.model_loaded,
-            steps_finished=self.run_thread.worker.steps_finished,
-            rewound=self.debugger.rewound,
-            make_action=self._action,
-            dialog_parent=self,
-        ), self)
+        recordings = RecordingController(
+            RecordingParts(
+                preferences=self.preferences,
+                persist=self.persist,
+                status_bar=self.statusBar(),
+                toolbar=self.toolbar,
+                loss_plot=self.plots.loss.item,
+                events_panel=self.events_panel,
+                history=lambda: self.history,
+                state=lambda: self.state,
+                model_loaded=self.model_loaded,
+                steps_finished=self.run_thread.worker.steps_finished,
+                rewound=self.debugger.rewound,
+                make_action=self._action,
+                dialog_parent=self,
+            ),
+            self,
+        )
         recordings.install_menus(self.file_menu, self.view_menu, self.recent_menu.menuAction())
         recordings.recording_loaded.connect(self._on_recordings_recording_loaded)
         recordings.steps_followed.connect(self._on_recordings_steps_followed)
@@ -488,13 +561,18 @@ class MainWindow(QMainWindow):
         return recordings
 
     # -- public commands -----------------------------------------------------------------
-    def open_model(self, source: str, overrides: dict[str, Any] | None = None,
-                   weights: str | None = None, *, run_after_load: bool = False) -> None:
+    def open_model(
+        self,
+        source: str,
+        overrides: dict[str, Any] | None = None,
+        weights: str | None = None,
+        *,
+        run_after_load: bool = False,
+    ) -> None:
         """Load ``source`` (a .py path or torchvision name) in the run thread. The model
         loaded now stays until the new one has loaded (a failed open keeps it)."""
         if self._before_load is None:
-            self._before_load = (self.source, self.weights, self.state,
-                                 self.model_label.text())
+            self._before_load = (self.source, self.weights, self.state, self.model_label.text())
         self.source = source
         self.weights = weights
         # The script's values and CONFIG win: what the user changed last time is offered in
@@ -524,8 +602,10 @@ class MainWindow(QMainWindow):
             self._set_state("running")
 
     def step(self) -> None:
-        if self.state in ("empty", "loading", "running", "stopped", "failed", "recording") \
-                or self.loaded is None:
+        if (
+            self.state in ("empty", "loading", "running", "stopped", "failed", "recording")
+            or self.loaded is None
+        ):
             return
         if self.run_thread.run(1):
             self.selected_step = None
@@ -608,8 +688,9 @@ class MainWindow(QMainWindow):
             matrix = history.matrix("grad_norm")[:, columns]
             for row in range(history.count):
                 values = ["" if v == MISSING else repr(float(v)) for v in matrix[row]]
-                writer.writerow([int(history.steps[row]), repr(float(history.losses[row])),
-                                 *values])
+                writer.writerow(
+                    [int(history.steps[row]), repr(float(history.losses[row])), *values]
+                )
 
     def export_statistics_csv(self, path: str, layer: str | None = None) -> int:
         """Every statistic of every layer (or of ``layer``), one row per step and layer, as
@@ -623,8 +704,9 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Select a watched layer in the tree first", 8000)
             return
         name = "statistics.csv" if layer is None else f"{layer or 'model'}.csv"
-        path, _ = QFileDialog.getSaveFileName(self, "Export statistics as CSV", name,
-                                              "CSV files (*.csv)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export statistics as CSV", name, "CSV files (*.csv)"
+        )
         if path:
             rows = self.export_statistics_csv(path, layer)
             self.statusBar().showMessage(f"wrote {rows} rows to {path}", 8000)
@@ -640,6 +722,12 @@ class MainWindow(QMainWindow):
     def _fit_to_screen(self) -> None:
         fit_to_screen(self)
 
+    def fit_to_screen_when_shown(self) -> None:
+        """Fit the window, title bar included, into its screen once it is shown (the frame
+        is known only then): a default size of the screen's whole available area put the
+        status bar of a 1280x800 screen below its edge."""
+        self._fit_after_show = True
+
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         if self._fit_after_show:
@@ -653,24 +741,29 @@ class MainWindow(QMainWindow):
             if not self._state_restored:
                 width = max(400, min(560, int(self.width() * 0.37)))
                 self.resizeDocks([self.layers_dock], [width], Qt.Orientation.Horizontal)
-                self.resizeDocks([self.layers_dock, self.events_dock],
-                                 [int(self.height() * 0.5), int(self.height() * 0.4)],
-                                 Qt.Orientation.Vertical)
+                self.resizeDocks(
+                    [self.layers_dock, self.events_dock],
+                    [int(self.height() * 0.5), int(self.height() * 0.4)],
+                    Qt.Orientation.Vertical,
+                )
 
     # -- worker events -------------------------------------------------------------------
     def _show_tree(self, tree: Any, watched: list[str]) -> None:
         self.plots.clear()
         self.events_panel.clear()
         self.tree_model.set_tree(tree, watched)
+        self._show_filter_hint()
         watched_set = set(watched)
-        self._layer_order = [node.name for node in tree
-                             if node.own_params > 0 or node.name in watched_set]
+        self._layer_order = [
+            node.name for node in tree if node.own_params > 0 or node.name in watched_set
+        ]
         self._colors = {name: layer_color(i) for i, name in enumerate(self._layer_order)}
         self.tree_view.expandToDepth(1 if len(tree) > 40 else 3)
         self.selected_layer = None
 
-    def show_recorded_run(self, tree: Any, history: RunHistory, display_name: str,
-                          settings: RunSettings) -> None:
+    def show_recorded_run(
+        self, tree: Any, history: RunHistory, display_name: str, settings: RunSettings
+    ) -> None:
         """Show a recording: its module tree and history, without a model (nothing to run).
         The recording's own code (gui/recordings.py) keeps it up to date when following."""
         if self.state == "running":
@@ -711,7 +804,8 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_settings(payload.settings, running=payload.settings)
         source = payload.source
         self.settings_panel.set_image_size_applies(
-            not source.endswith(".py") and not source.startswith("hf:"))
+            not source.endswith(".py") and not source.startswith("hf:")
+        )
         self.debugger.follow_trace_setting(bool(getattr(payload.settings, "trace", False)))
         self.settings_panel.set_layers(payload.settings.layers)
         last = self._persisted_overrides(payload.source) if self.persist else {}
@@ -719,19 +813,26 @@ class MainWindow(QMainWindow):
         notes = list(payload.notes)
         if self._cpu_defaults and payload.source.startswith("hf:"):
             # Token batches: the image size means nothing to a transformers model.
-            notes.insert(0, "No GPU here: the model starts with a CPU-friendly batch "
-                            f"({CPU_TORCHVISION_DEFAULTS['batch_size']}); raise it and "
-                            "Restart.")
+            notes.insert(
+                0,
+                "No GPU here: the model starts with a CPU-friendly batch "
+                f"({CPU_TORCHVISION_DEFAULTS['batch_size']}); raise it and "
+                "Restart.",
+            )
         elif self._cpu_defaults:
             kind = "timm" if payload.source.startswith("timm:") else "torchvision"
-            notes.insert(0, f"No GPU here: {kind} models start with a CPU-friendly image "
-                            f"size ({CPU_TORCHVISION_DEFAULTS['image_size']}, or what the model "
-                            f"needs) and batch ({CPU_TORCHVISION_DEFAULTS['batch_size']}); "
-                            "raise them and Restart for the usual 224.")
+            notes.insert(
+                0,
+                f"No GPU here: {kind} models start with a CPU-friendly image "
+                f"size ({CPU_TORCHVISION_DEFAULTS['image_size']}, or what the model "
+                f"needs) and batch ({CPU_TORCHVISION_DEFAULTS['batch_size']}); "
+                "raise them and Restart for the usual 224.",
+            )
         self.settings_panel.set_notes(notes, payload.architecture)
         self.setWindowTitle(f"GradScope — {payload.display_name}")
         self.model_label.setText(payload.display_name)
         self.device_label.setText(f"device: {payload.device}")
+        self.comparison.model_shown(f"model:{payload.source}")
         if self.persist:
             self._remember_model(payload.source)
         self._set_state("ready")
@@ -750,20 +851,25 @@ class MainWindow(QMainWindow):
         if self.loaded is None:
             return
         # In runs of steps with one layer layout (it changes when the watched layers do).
-        for _, run in groupby(payload.records,
-                              key=lambda record: (record.layer_names, record.param_names)):
+        for _, run in groupby(
+            payload.records, key=lambda record: (record.layer_names, record.param_names)
+        ):
             records = list(run)
             first = records[0]
             self.history.extend(
-                [(r.result.step, r.result.loss, r.result.stats, r.result.origin)
-                 for r in records],
-                first.layer_names, first.layer_types, first.layer_params,
-                param_names=first.param_names or None, param_layers=first.param_layers)
+                [(r.result.step, r.result.loss, r.result.stats, r.result.origin) for r in records],
+                first.layer_names,
+                first.layer_types,
+                first.layer_params,
+                param_names=first.param_names or None,
+                param_layers=first.param_layers,
+            )
             for record in records:  # a what-if while paused shows in Events
                 change = self.settings_trail.note(int(record.result.step), record.settings)
                 if change is not None:
                     self.history.events.append(
-                        Event(int(record.result.step), "settings", None, change))
+                        Event(int(record.result.step), "settings", None, change)
+                    )
         self._rate.append((time.perf_counter(), self.history.count))
         self._dirty = True
 
@@ -779,8 +885,12 @@ class MainWindow(QMainWindow):
             self.run_thread.busy = True
             self.run_paused.emit(payload)
             return
-        state = {"nonfinite": "halted", "stopped": "stopped", "failed": "step_failed",
-                 "completed": "done"}.get(payload.reason, "paused")
+        state = {
+            "nonfinite": "halted",
+            "stopped": "stopped",
+            "failed": "step_failed",
+            "completed": "done",
+        }.get(payload.reason, "paused")
         if state == "done" and self.history.count < self.settings_panel.settings().steps:
             state = "paused"  # a Step, or Apply, is not the end of the run
         if self.state == "failed":
@@ -799,16 +909,20 @@ class MainWindow(QMainWindow):
             self.run_thread.mark_idle()
             self._run_after_load = False
             before, self._before_load = self._before_load, None
-            if self.loaded is not None and before is not None:
-                # The model loaded before stays, with its name and its run.
+            if before is not None and (self.loaded is not None or before[2] == "recording"):
+                # The model (or recording) shown before stays, with its name and its run:
+                # the toolbar named the script that failed over a recording's plots.
                 self.source, self.weights, state, label = before
                 self.model_label.setText(label)
                 self._set_state("paused" if state in ("running", "loading") else state)
             else:
                 self.loaded = None
                 self._set_state("failed")
-        title = {"load": "The model could not be loaded", "step": "The step failed",
-                 "settings": "The settings could not be applied"}.get(payload.stage, "Error")
+        title = {
+            "load": "The model could not be loaded",
+            "step": "The step failed",
+            "settings": "The settings could not be applied",
+        }.get(payload.stage, "Error")
         if self.error_dialog is not None:
             self.error_dialog.close()
         self.error_dialog = ErrorDialog(self, title, payload.message, payload.details)
@@ -841,6 +955,10 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_recordings_recording_loaded(self, run: RecordedRun) -> None:
+        reader = self.recordings.reader
+        # The ranks of one distributed run are one model: switching rank keeps the runs.
+        path = str(reader.path.resolve()) if reader is not None else run.name
+        self.comparison.model_shown("recording:" + re.sub(r"\.rank\d+(?=\.gsrec$)", "", path))
         self.show_recorded_run(run.tree, run.history, run.name, run.settings)
 
     @Slot(int)
@@ -882,6 +1000,17 @@ class MainWindow(QMainWindow):
 
     def _on_filter_edit_text_changed(self, text: str) -> None:
         self.tree_proxy.set_filter_text(text)
+        self._show_filter_hint()
+
+    def _show_filter_hint(self) -> None:
+        text = self.filter_edit.text().strip()
+        empty = bool(text) and self.tree_model.rowCount() > 0 and self.tree_proxy.rowCount() == 0
+        if empty:
+            self.filter_hint.setText(
+                f"No layer of this model matches the filter “{html.escape(text)}”: "
+                "<a href='clear'>clear the filter</a>."
+            )
+        self.filter_hint.setVisible(empty)
         if text:
             self.tree_view.expandAll()
 
@@ -931,14 +1060,19 @@ class MainWindow(QMainWindow):
         # run goes on, the run thread too: both need the GIL, and each millisecond the GUI
         # thread holds it is one the training loop waits.
         share = RUNNING_REDRAW_SHARE if self.state == "running" else IDLE_REDRAW_SHARE
-        self._next_refresh = self._last_refresh + max(REFRESH_INTERVAL_MS / 1000,
-                                                      self._redraw_cost / share)
+        self._next_refresh = self._last_refresh + max(
+            REFRESH_INTERVAL_MS / 1000, self._redraw_cost / share
+        )
 
     def _on_open_action_triggered(self) -> None:
-        start = str(Path(self.source).parent) if self.source and self.source.endswith(".py") \
+        start = (
+            str(Path(self.source).parent)
+            if self.source and self.source.endswith(".py")
             else str(SAMPLE_DIR)
-        path, _ = QFileDialog.getOpenFileName(self, "Open model script", start,
-                                              "Model scripts (*.py)")
+        )
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open model script", start, "Model scripts (*.py)"
+        )
         if path:
             self.open_model(path)
 
@@ -950,20 +1084,23 @@ class MainWindow(QMainWindow):
             self.open_model(dialog.selected_name() or "")
 
     def _on_export_png_action_triggered(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export plots as PNG", "gradscope.png",
-                                              "PNG images (*.png)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export plots as PNG", "gradscope.png", "PNG images (*.png)"
+        )
         if path:
             self.export_png(path)
 
     def _on_export_svg_action_triggered(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export plots as SVG", "gradscope.svg",
-                                              "SVG images (*.svg)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export plots as SVG", "gradscope.svg", "SVG images (*.svg)"
+        )
         if path and not self.export_svg(path):
             self.statusBar().showMessage(f"Could not write {path}", 8000)
 
     def _on_export_csv_action_triggered(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export gradient norms as CSV",
-                                              "gradient_norms.csv", "CSV files (*.csv)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export gradient norms as CSV", "gradient_norms.csv", "CSV files (*.csv)"
+        )
         if path:
             self.export_csv(path)
 
@@ -997,6 +1134,13 @@ class MainWindow(QMainWindow):
         self.plots.refresh(view)
         self._refresh_tree_values(step)
         self.events_panel.update_events(history.events, history.first_nonfinite)
+        self.events_panel.set_compared_origins(
+            [
+                (run.name, run.history.first_nonfinite)
+                for run in self.comparison.runs
+                if run.history.first_nonfinite is not None
+            ]
+        )
         self._show_origin()
         self._refresh_status_bar()
 
@@ -1010,6 +1154,9 @@ class MainWindow(QMainWindow):
             return "Loading the model…"
         return "Open a model script (Ctrl+O), a model by name or a recording (File menu)."
 
+    def _on_comparison_runs_grew(self) -> None:
+        self._dirty = True
+
     def _on_comparison_runs_changed(self) -> None:
         self.plots.follow_range = True  # the step axis takes in every run compared
         self._refresh()
@@ -1022,8 +1169,9 @@ class MainWindow(QMainWindow):
         if row is not None and history.layer_names:
             values = history.matrix("grad_norm")[row]
             status = history.status_matrix()[row]
-            for name, value, flag in zip(history.layer_names, values.tolist(), status.tolist(),
-                                         strict=True):
+            for name, value, flag in zip(
+                history.layer_names, values.tolist(), status.tolist(), strict=True
+            ):
                 if flag != STATUS_MISSING:
                     norms[name] = value
                     statuses[name] = flag
@@ -1105,8 +1253,7 @@ class MainWindow(QMainWindow):
 
     def _show_step_progress(self) -> None:
         """Where a long step stands (forward/backward, by module), read from the worker."""
-        snapshot = self.run_thread.worker.progress.snapshot() \
-            if self.state == "running" else None
+        snapshot = self.run_thread.worker.progress.snapshot() if self.state == "running" else None
         text = snapshot.describe() if snapshot is not None and snapshot.seconds >= 1 else ""
         if self.progress_label.text() != text:
             self.progress_label.setText(text)
@@ -1132,20 +1279,32 @@ class MainWindow(QMainWindow):
     def _update_actions(self) -> None:
         state = self.state
         has_model = self.source is not None
-        self.run_action.setEnabled(has_model and state in ("ready", "paused", "halted", "done",
-                                                           "stopped", "failed", "before_apply",
-                                                           "step_failed"))
+        self.run_action.setEnabled(
+            has_model
+            and state
+            in (
+                "ready",
+                "paused",
+                "halted",
+                "done",
+                "stopped",
+                "failed",
+                "before_apply",
+                "step_failed",
+            )
+        )
         # Nothing to continue before a first step that worked (the first one failed).
         resumable = state in ("paused", "halted", "before_apply", "step_failed")
-        self.run_action.setText(
-            "&Continue" if resumable and self.history.count else "&Run")
+        self.run_action.setText("&Continue" if resumable and self.history.count else "&Run")
         self.pause_action.setEnabled(state == "running")
         self.step_action.setEnabled(
-            has_model and state in ("ready", "paused", "halted", "done", "before_apply",
-                                    "step_failed"))
+            has_model
+            and state in ("ready", "paused", "halted", "done", "before_apply", "step_failed")
+        )
         # A finished run has nothing to stop.
-        self.stop_action.setEnabled(has_model and state in ("running", "paused", "halted",
-                                                            "before_apply", "step_failed"))
+        self.stop_action.setEnabled(
+            has_model and state in ("running", "paused", "halted", "before_apply", "step_failed")
+        )
         self.restart_action.setEnabled(has_model and state != "loading")
         self.export_png_action.setEnabled(self.history.count > 0 or state != "empty")
         self.export_csv_action.setEnabled(True)
@@ -1214,8 +1373,11 @@ class MainWindow(QMainWindow):
         base = loaded.script_settings if loaded is not None else None
         if base is None:
             return
-        stored = {name: getattr(settings, name) for name in SETTING_NAMES
-                  if name != "layers" and getattr(settings, name) != getattr(base, name)}
+        stored = {
+            name: getattr(settings, name)
+            for name in SETTING_NAMES
+            if name != "layers" and getattr(settings, name) != getattr(base, name)
+        }
         self.preferences.setValue(self._overrides_key(source), json.dumps(stored))
 
     def restore_geometry(self) -> bool:
@@ -1250,8 +1412,7 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        if any(url.toLocalFile().endswith((".py", ".gsrec"))
-               for url in event.mimeData().urls()):
+        if any(url.toLocalFile().endswith((".py", ".gsrec")) for url in event.mimeData().urls()):
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:
@@ -1271,4 +1432,3 @@ class MainWindow(QMainWindow):
 
     def sample_menu(self) -> QMenu:
         return self.samples_menu
-

@@ -51,18 +51,21 @@ def elide(name: str, limit: int = 26) -> str:
         if len(shortened) <= limit:
             return shortened
     shortened = ".".join(parts)
-    return shortened if len(shortened) <= limit else "…" + shortened[-(limit - 1):]
+    return shortened if len(shortened) <= limit else "…" + shortened[-(limit - 1) :]
 
 
 def opaque_over(color: QColor, background: QColor) -> QColor:
     """The opaque colour that ``color`` (with its alpha) shows over ``background``."""
     alpha = color.alphaF()
     return QColor(
-        *(round(c * alpha + b * (1 - alpha)) for c, b in (
-            (color.red(), background.red()),
-            (color.green(), background.green()),
-            (color.blue(), background.blue()),
-        ))
+        *(
+            round(c * alpha + b * (1 - alpha))
+            for c, b in (
+                (color.red(), background.red()),
+                (color.green(), background.green()),
+                (color.blue(), background.blue()),
+            )
+        )
     )
 
 
@@ -91,8 +94,30 @@ def tick_text(value: float, spacing: float | None = None) -> str:
 
 # Tick spacings of a time axis, in seconds: what a clock shows (5 s, 15 s, 1 min, 15 min...).
 _TIME_SPACINGS = (
-    0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
-    21600, 43200, 86400, 172800, 432000, 864000,
+    0.1,
+    0.2,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+    172800,
+    432000,
+    864000,
 )
 
 
@@ -262,22 +287,21 @@ class GridAxis(pg.AxisItem):
             return self.logTickStrings(values, scale, spacing)
         # Round away float noise of the tick positions (0.30000000000000004).
         digits = max(0, -math.floor(math.log10(spacing * scale))) + 1 if spacing > 0 else 6
-        return [tick_text(round(v * scale, digits) if abs(v * scale) < 1e4 else v * scale,
-                          spacing * scale)
-                for v in values]
+        return [
+            tick_text(
+                round(v * scale, digits) if abs(v * scale) < 1e4 else v * scale, spacing * scale
+            )
+            for v in values
+        ]
 
-    def logTickStrings(
-        self, values: list[float], scale: float, spacing: float
-    ) -> list[str | None]:
+    def logTickStrings(self, values: list[float], scale: float, spacing: float) -> list[str | None]:
         # The labelled ticks are those log_tick_values chose for this range (they never
         # overlap, and there are at least two); an unlabelled tick gets None, not "":
         # pyqtgraph then skips it instead of measuring and placing an empty label.
         chosen = self._log_labels
         if chosen is not None and chosen[0] == tuple(sorted(self.range)):
             labelled = chosen[1]
-            return [
-                tick_text(10 ** v * scale) if round(v, 9) in labelled else None for v in values
-            ]
+            return [tick_text(10**v * scale) if round(v, 9) in labelled else None for v in values]
         # Not chosen for this range (a direct call): over more than a decade only the
         # powers of ten.
         low, high = sorted(self.range)
@@ -287,7 +311,7 @@ class GridAxis(pg.AxisItem):
             if decades > 1.2 and abs(v - round(v)) > 1e-6:
                 labels.append(None)
             else:
-                labels.append(tick_text(10 ** v * scale))
+                labels.append(tick_text(10**v * scale))
         return labels
 
     _log_labels: tuple[tuple[float, float], set[float]] | None = None
@@ -342,15 +366,19 @@ class GridAxis(pg.AxisItem):
             tick_bounds = linked.mapRectToItem(self, linked.boundingRect())
         orientation = self.orientation
         if orientation == "left":
-            span = (bounds.topRight() + QPointF(-1.0, -1.0),
-                    bounds.bottomRight() + QPointF(-1.0, 1.0))
+            span = (
+                bounds.topRight() + QPointF(-1.0, -1.0),
+                bounds.bottomRight() + QPointF(-1.0, 1.0),
+            )
             tick_start, tick_stop, tick_dir, axis = tick_bounds.right(), bounds.right(), -1, 0
         elif orientation == "right":
             span = (bounds.topLeft() + QPointF(1.0, -1.0), bounds.bottomLeft() + QPointF(1.0, 1.0))
             tick_start, tick_stop, tick_dir, axis = tick_bounds.left(), bounds.left(), 1, 0
         elif orientation == "top":
-            span = (bounds.bottomLeft() + QPointF(-1.0, -1.0),
-                    bounds.bottomRight() + QPointF(1.0, -1.0))
+            span = (
+                bounds.bottomLeft() + QPointF(-1.0, -1.0),
+                bounds.bottomRight() + QPointF(1.0, -1.0),
+            )
             tick_start, tick_stop, tick_dir, axis = tick_bounds.bottom(), bounds.bottom(), -1, 1
         elif orientation == "bottom":
             span = (bounds.topLeft() + QPointF(-1.0, 1.0), bounds.topRight() + QPointF(1.0, 1.0))
@@ -392,8 +420,9 @@ class GridAxis(pg.AxisItem):
             if alpha is None:
                 alpha = 255 / (i + 1)
                 if self.grid is not False:
-                    alpha *= self.grid / 255.0 * min(max(0.05 * length / (len(ticks) + 1), 0.0),
-                                                     1.0)
+                    alpha *= (
+                        self.grid / 255.0 * min(max(0.05 * length / (len(ticks) + 1), 0.0), 1.0)
+                    )
             elif isinstance(alpha, float):
                 alpha = min(255, max(0, round(alpha * 255)))
             elif isinstance(alpha, int):
@@ -447,8 +476,9 @@ class GridAxis(pg.AxisItem):
                 strings = tick_strings[i]
             if len(strings) == 0:
                 continue
-            strings = [None if tick_positions[i][j] is None else text
-                       for j, text in enumerate(strings)]
+            strings = [
+                None if tick_positions[i][j] is None else text for j, text in enumerate(strings)
+            ]
             rects: list[QRectF | None] = []
             for text in strings:
                 if text is None:
@@ -468,8 +498,10 @@ class GridAxis(pg.AxisItem):
                 text_size = text_size2 = 0
             if i > 0:
                 fill = text_size / length
-                if any(len(text_specs) >= count and fill >= limit
-                       for count, limit in self.style["textFillLimits"]):
+                if any(
+                    len(text_specs) >= count and fill >= limit
+                    for count, limit in self.style["textFillLimits"]
+                ):
                     break
             last_text_size2 = text_size2
             gap = max(0, self.style["tickLength"]) + text_offset

@@ -69,8 +69,10 @@ class RecordedRun:
 
 
 FOLLOW_INTERVAL_MS = 500
-RECORDING_HINT = ("The app keeps running; what it showed stays on screen. Open another "
-                  "recording (or an older copy of this one) with File ▸ Open recording.")
+RECORDING_HINT = (
+    "The app keeps running; what it showed stays on screen. Open another "
+    "recording (or an older copy of this one) with File ▸ Open recording."
+)
 RECENT_RUNS = 12
 SUFFIX = ".gsrec"
 
@@ -108,8 +110,13 @@ def _flat_tree(history: RunHistory) -> ModuleTree:
     """A recording made without a tree: the root and its watched layers."""
     total = sum(history.layer_params)
     rows = [("", "Model", 0, total)]
-    rows += [(name, kind, params, params) for name, kind, params in zip(
-        history.layer_names, history.layer_types, history.layer_params, strict=True) if name]
+    rows += [
+        (name, kind, params, params)
+        for name, kind, params in zip(
+            history.layer_names, history.layer_types, history.layer_params, strict=True
+        )
+        if name
+    ]
     return ModuleTree.from_rows(rows)
 
 
@@ -133,12 +140,16 @@ class RecordingController(QObject):
         self._to_record: ModelLoaded | None = None  # loaded, recorded from its first step
 
         self.open_action = parts.make_action(
-            "Open &recording…", self._on_open_action_triggered, "Ctrl+Shift+R",
-            tip="Open a GradScope recording (.gsrec) without its model")
+            "Open &recording…",
+            self._on_open_action_triggered,
+            "Ctrl+Shift+R",
+            tip="Open a GradScope recording (.gsrec) without its model",
+        )
         self.record_action = QAction("Record &runs", self)
         self.record_action.setCheckable(True)
         self.record_action.setChecked(
-            parts.persist and str(self.preferences.value("recording/enabled", "true")) == "true")
+            parts.persist and str(self.preferences.value("recording/enabled", "true")) == "true"
+        )
         self.record_action.setStatusTip(f"Record every run to {runs_folder()}")
         self.record_action.toggled.connect(self._on_record_action_toggled)
         self.follow_action = QAction("&Follow recording", self)
@@ -192,8 +203,12 @@ class RecordingController(QObject):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             self.writer = RecordingWriter(
-                path, payload.tree, payload.settings.to_dict(), overwrite=True,
-                info={"source": payload.source, "device": payload.device})
+                path,
+                payload.tree,
+                payload.settings.to_dict(),
+                overwrite=True,
+                info={"source": payload.source, "device": payload.device},
+            )
         except (OSError, GradScopeError) as error:
             self.parts.status_bar.showMessage(f"not recording this run: {error}", 10000)
             self.writer = None
@@ -201,8 +216,9 @@ class RecordingController(QObject):
         self.label.setText(f"recording to {path.name}")
         self.label.setToolTip(str(path))
 
-    def _layer_infos(self, names: tuple[str, ...], types: tuple[str, ...],
-                     params: tuple[int, ...]) -> list[LayerInfo]:
+    def _layer_infos(
+        self, names: tuple[str, ...], types: tuple[str, ...], params: tuple[int, ...]
+    ) -> list[LayerInfo]:
         if self._layers[0] != names:
             infos = [LayerInfo(n, t, (), p) for n, t, p in zip(names, types, params, strict=True)]
             self._layers = (names, infos)
@@ -220,14 +236,18 @@ class RecordingController(QObject):
             result = record.result
             if result.stats is None:
                 continue
-            layers = self._layer_infos(record.layer_names, record.layer_types,
-                                       record.layer_params)
+            layers = self._layer_infos(record.layer_names, record.layer_types, record.layer_params)
             # A settings change (a what-if while paused) is part of the record, at the first
             # step that ran with it.
             trail = self._settings_trail
             change = trail.note(int(result.step), record.settings) if trail else None
-            writer.append(result.stats, layers, loss=result.loss, origin=result.origin,
-                          notes=[("settings", change)] if change else ())
+            writer.append(
+                result.stats,
+                layers,
+                loss=result.loss,
+                origin=result.origin,
+                notes=[("settings", change)] if change else (),
+            )
 
     @Slot(int)
     def _on_debugger_rewound(self, step: int) -> None:
@@ -287,9 +307,13 @@ class RecordingController(QObject):
                 reader.close()
                 raise
         except GradScopeError as error:
-            dialog = ErrorDialog(self.parts.dialog_parent,
-                                 "The recording could not be opened", error.message,
-                                 error.details, hint=RECORDING_HINT)
+            dialog = ErrorDialog(
+                self.parts.dialog_parent,
+                "The recording could not be opened",
+                error.message,
+                error.details,
+                hint=RECORDING_HINT,
+            )
             self.error_dialog_opened.emit(dialog)
             dialog.open()
             return False
@@ -300,8 +324,7 @@ class RecordingController(QObject):
         if tree is None:
             tree = _flat_tree(history)
         name = Path(path).name
-        self.recording_loaded.emit(
-            RecordedRun(tree, history, name, _settings_of(reader.settings)))
+        self.recording_loaded.emit(RecordedRun(tree, history, name, _settings_of(reader.settings)))
         self.follow_action.setChecked(live)
         self.label.setText(f"{'following' if live else 'showing'} {name}")
         self.label.setToolTip(str(path))
@@ -350,9 +373,11 @@ class RecordingController(QObject):
     def _on_open_action_triggered(self) -> None:
         folder = runs_folder()
         path, _ = QFileDialog.getOpenFileName(
-            self.parts.dialog_parent, "Open recording",
+            self.parts.dialog_parent,
+            "Open recording",
             str(folder if folder.exists() else Path.cwd()),
-            f"GradScope recordings (*{SUFFIX});;All files (*)")
+            f"GradScope recordings (*{SUFFIX});;All files (*)",
+        )
         if path:
             self.open_recording(path)
 

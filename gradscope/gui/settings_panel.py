@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QStandardItemModel
@@ -511,7 +512,8 @@ class SettingsPanel(QScrollArea):
         """What the loader or the app chose for this model (an image size it needs, CPU
         defaults, a transformers config scaled down), shown above the settings;
         ``architecture``: an hf:/timm: model's sizes as built (LoadedModel.architecture)."""
-        notes = list(notes)
+        # A script's docstring is reStructuredText: ``torch.log`` reads torch.log here.
+        notes = [re.sub(r"``(.+?)``", r"\1", note) for note in notes]
         if architecture:
             notes.append(architecture_note(architecture))
         self.model_notes.setText("\n".join(notes))

@@ -92,23 +92,41 @@ class StepDebugger(QObject):
         self.pause_before_apply_action.setCheckable(True)
         self.pause_before_apply_action.setStatusTip(
             "Stop each step after backward: look at the complete gradients, change clip or "
-            "learning rate, then Apply")
+            "learning rate, then Apply"
+        )
         self.pause_before_apply_action.toggled.connect(self._on_pause_before_apply_toggled)
         self.apply_action = make_action(
-            "&Apply optimizer step", self.apply, "F11", sp.SP_DialogApplyButton,
-            "Apply the optimizer step of the step paused before it")
+            "&Apply optimizer step",
+            self.apply,
+            "F11",
+            sp.SP_DialogApplyButton,
+            "Apply the optimizer step of the step paused before it",
+        )
         self.rewind_action = make_action(
-            "Re&wind…", self.ask_rewind, "Ctrl+Z", sp.SP_MediaSeekBackward,
-            "Go back to before an earlier step and run again from there")
+            "Re&wind…",
+            self.ask_rewind,
+            "Ctrl+Z",
+            sp.SP_MediaSeekBackward,
+            "Go back to before an earlier step and run again from there",
+        )
         self.previous_event_action = make_action(
-            "Previous trace event", self.timeline.previous, "Left",
-            tip="Walk the traced step backwards")
+            "Previous trace event",
+            self.timeline.previous,
+            "Left",
+            tip="Walk the traced step backwards",
+        )
         self.next_event_action = make_action(
-            "Next trace event", self.timeline.next, "Right",
-            tip="Walk the traced step: forward pass, then backward")
+            "Next trace event",
+            self.timeline.next,
+            "Right",
+            tip="Walk the traced step: forward pass, then backward",
+        )
         self.first_nonfinite_event_action = make_action(
-            "First NaN/Inf trace event", self.timeline.jump_to_first_nonfinite, "F",
-            tip="Jump to the trace event where a NaN/Inf first appeared")
+            "First NaN/Inf trace event",
+            self.timeline.jump_to_first_nonfinite,
+            "F",
+            tip="Jump to the trace event where a NaN/Inf first appeared",
+        )
         self.memory_label = QLabel("")
         self.memory_label.setStyleSheet("padding: 0 8px;")
         parts.status_bar.addPermanentWidget(self.memory_label)
@@ -136,8 +154,11 @@ class StepDebugger(QObject):
         view_menu.addAction(self.trace_dock.toggleViewAction())
         view_menu.addAction(self.diagnosis_dock.toggleViewAction())
         trace_menu = view_menu.addMenu("&Trace")
-        for action in (self.previous_event_action, self.next_event_action,
-                       self.first_nonfinite_event_action):
+        for action in (
+            self.previous_event_action,
+            self.next_event_action,
+            self.first_nonfinite_event_action,
+        ):
             trace_menu.addAction(action)
         toolbar.insertAction(toolbar.actions()[-2], self.rewind_action)
 
@@ -149,20 +170,29 @@ class StepDebugger(QObject):
     def _live(self) -> bool:
         """A model is loaded and shown (not a recording): Apply and Rewind act on it."""
         return self.parts.loaded() is not None and self.parts.state() not in (
-            "recording", "loading", "empty")
+            "recording",
+            "loading",
+            "empty",
+        )
 
     def ask_rewind(self) -> None:
         if not self._live():
             return
         if not self.rewind_steps:
             self.parts.status_bar.showMessage(
-                "Nothing to rewind to: set Rewind depth in Run settings (it keeps that many "
-                "steps)", 8000)
+                "Nothing to rewind to: set Rewind depth in Run settings (it keeps that many steps)",
+                8000,
+            )
             return
         labels = [f"before step {step}" for step in reversed(self.rewind_steps)]
         choice, ok = QInputDialog.getItem(
-            self.parts.dialog_parent, "Rewind",
-            f"Go back to ({_megabytes(self.snapshot_bytes)} kept):", labels, 0, False)
+            self.parts.dialog_parent,
+            "Rewind",
+            f"Go back to ({_megabytes(self.snapshot_bytes)} kept):",
+            labels,
+            0,
+            False,
+        )
         if ok:
             self.rewind(int(choice.rsplit(" ", 1)[-1]))
 
@@ -181,15 +211,20 @@ class StepDebugger(QObject):
         self.previous_event_action.setEnabled(traced)
         self.next_event_action.setEnabled(traced)
         self.first_nonfinite_event_action.setEnabled(
-            traced and self.timeline.first_nonfinite_button.isEnabled())
+            traced and self.timeline.first_nonfinite_button.isEnabled()
+        )
         self.apply_action.setEnabled(live and state == "before_apply")
         self.rewind_action.setEnabled(
-            live and bool(self.rewind_steps) and state != "running"
+            live
+            and bool(self.rewind_steps)
+            and state != "running"
             and self.parts.history().count > 0  # a failed first step has nothing to undo
         )
         self.memory_label.setText(
             f"rewind: {len(self.rewind_steps)} step(s), {_megabytes(self.snapshot_bytes)}"
-            if self.rewind_steps and live else "")
+            if self.rewind_steps and live
+            else ""
+        )
 
     def follow_trace_setting(self, trace: bool) -> None:
         """Trace mode off: the Step trace pane goes (it stayed docked, empty); it comes back
@@ -280,8 +315,10 @@ class StepDebugger(QObject):
         if branch is not None:
             self.branch_abandoned.emit(f"branch {payload.step}-{last} (rewound)", branch)
         # The abandoned branch stays told in Events (with its first NaN/Inf, if it had one).
-        message = (f"rewound to before step {payload.step}: the abandoned branch ran steps "
-                   f"{payload.step}-{last}")
+        message = (
+            f"rewound to before step {payload.step}: the abandoned branch ran steps "
+            f"{payload.step}-{last}"
+        )
         if abandoned is not None and abandoned.step >= payload.step:
             message += f"; its first NaN/Inf: {abandoned.describe()}"
         else:

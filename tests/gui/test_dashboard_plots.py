@@ -555,7 +555,7 @@ def test_a_short_plot_keeps_its_curves_and_gives_the_legend_less(qtbot, tmp_path
         return [label.text for _, label in plot.legend.items]
 
     tall = entries(900, 700)
-    assert len(tall) == 8 and tall[-1] == "+5 more"
+    assert len(tall) == 8 and tall[-1] == "+5 more ▸"
     short = entries(600, 300)
     assert len(short) < len(tall) and short[-1].startswith("+")
     # The plot's view keeps most of the height.

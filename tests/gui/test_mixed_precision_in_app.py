@@ -44,7 +44,7 @@ def test_skipped_steps_are_their_own_marker_not_nan(qtbot, window):
     rgba = window.plots.heatmap.rgba
     assert not _has_color(rgba, NONFINITE_RGBA)
     assert _has_color(rgba, SKIPPED_RGBA)
-    assert "purple: skipped by the loss scaler" in window.plots.heatmap.item.titleLabel.text
+    assert "purple: skipped)" in window.plots.heatmap.item.titleLabel.text
     assert window.events_panel.row_count() == 0
     assert history.first_nonfinite is None
     # The loss scale, on the loss plot's right axis (log10 of the engine's values).

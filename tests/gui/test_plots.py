@@ -300,7 +300,7 @@ def test_the_legend_stays_off_the_curves_and_with_many_layers(qtbot) -> None:
     plot.refresh(_view(names, history, selected="layer17"))
     labels = [label.text for _, label in plot.legend.items]
     assert plot.legend.isVisible()
-    assert labels[0] == "layer17" and labels[7] == "+13 more"
+    assert labels[0] == "layer17" and labels[7] == "+13 more ▸"
 
 
 def test_grouped_lines_auto_range_and_keep_every_extreme_value(qtbot) -> None:

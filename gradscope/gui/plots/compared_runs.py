@@ -43,6 +43,9 @@ class ComparedRun:
     name: str
     history: RunHistory
     line_style: Qt.PenStyle
+    # What was shown when it was added (a model's source, a recording's path): a run
+    # belongs to that model and leaves when another opens, unless the user pins the runs.
+    made_on: str | None = None
 
     def missing_layers(self, layers: list[str]) -> list[str]:
         """Those of ``layers`` this run never recorded."""

@@ -93,6 +93,7 @@ class GradientFlowPlot(QWidget):
         self.statistic_selector = StatisticSelector(self.widget, bottom_right=True)
         self.statistic_selector.statistic_chosen.connect(self._on_statistic_selector_chosen)
         self.item.vb.sigResized.connect(self._thin_name_labels)
+        self.item.vb.sigYRangeChanged.connect(self._thin_name_labels)
         self._order: list[str] = []
         self._values = np.zeros(0)
         self.step: int | None = None
@@ -131,8 +132,15 @@ class GradientFlowPlot(QWidget):
         font.setPointSize(7)
         self.name_labels = []
         for i, name in enumerate(order):
-            label = pg.TextItem(elide(name or "(model)", 26), color="#111", anchor=(0, 0.5))
+            # Over the bars: a pale backing keeps the name readable on any bar colour.
+            label = pg.TextItem(
+                elide(name or "(model)", 26),
+                color="#111",
+                anchor=(0, 0.5),
+                fill=pg.mkBrush(255, 255, 255, 150),
+            )
             label.setFont(font)
+            label.textItem.document().setDocumentMargin(1)  # a tight box: more names fit
             label.setZValue(5)
             label.setPos(0, i)
             self.item.addItem(label, ignoreBounds=True)
@@ -145,8 +153,12 @@ class GradientFlowPlot(QWidget):
         k-th (hovering names the others)."""
         if not self.name_labels:
             return
-        row_pixels = self.item.vb.height() / max(len(self.name_labels), 1)
-        stride = max(1, math.ceil(11 / max(row_pixels, 0.1)))
+        (_, _), (low, high) = self.item.vb.viewRange()
+        row_pixels = self.item.vb.height() / max(high - low, 1e-9)
+        # Each shown name's whole box clear of the next one's (at 11 px a row they
+        # overlapped: hf:bert's 104 names were a black smear).
+        label_pixels = self.name_labels[0].boundingRect().height() + 1
+        stride = max(1, math.ceil(label_pixels / max(row_pixels, 0.1)))
         for i, label in enumerate(self.name_labels):
             label.setVisible(i % stride == 0)
 

@@ -12,19 +12,25 @@ from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
 
-from gradscope.core.history import ParameterNorms, RunHistory
+from gradscope.core.history import MISSING, ParameterNorms, RunHistory
 from gradscope.gui.mixed_precision import (
     SKIPPED_WORDS,
     SkippedMarkers,
 )
 from gradscope.gui.peak_raster import PeakRasterItem
 from gradscope.gui.plot_axes import elapsed_text, elide
+from gradscope.gui.plots.compared_markers import (
+    COMPARED_NONFINITE_WORDS,
+    ComparedMarkers,
+    layer_marks,
+)
 from gradscope.gui.plots.display_values import ema_display, log10_display
 from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.peak_cache import PeakLevels
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import DOTS_UP_TO, LEFT_AXIS_WIDTH, make_plot_widget
 from gradscope.gui.plots.statistic_choice import (
+    DETAIL_ONLY,
     PER_PARAMETER,
     StatisticSelector,
 )
@@ -82,6 +88,9 @@ class GradientNormPlot(QWidget):
         self._legend_names: list[str] = []
         self._legend_limit_used = _LEGEND_MAX
         self._legend_more = pg.PlotDataItem(pen=None)  # the sample of the "+N more" entry
+        # A click on "+N more" lists every ticked layer (which colour is which was found
+        # only by hovering); "fewer" folds it again.
+        self.legend_expanded = False
         # One curve per layer while few are ticked; with more, the unselected ones are
         # peak-downsampled to the view here and drawn together as one image (each layer in
         # its colour), and only the selected layer keeps its own curve.
@@ -98,6 +107,10 @@ class GradientNormPlot(QWidget):
         self.compared_curves: dict[tuple[str, str], pg.PlotDataItem] = {}
         self._compared_state: dict[tuple[str, str], tuple] = {}
         self.missing_in_compared: dict[str, list[str]] = {}  # run name -> ticked layers
+        # Their own NaN/Inf and skipped steps (hollow, under the shown run's markers).
+        self.compared_marks = ComparedMarkers(self.item)
+        self._compared_marks_key: tuple | None = None
+        self._sparse_memo: dict[tuple, bool] = {}  # see _measured_sparsely
         # The layers' values (shared with the heatmap, which reads its resets) and, while
         # the selector shows per-parameter norms, the parameters'.
         self.layer_cache = LogNormCache()
@@ -321,6 +334,24 @@ class GradientNormPlot(QWidget):
             self.curves[name] = curve
         return curve
 
+    def _measured_sparsely(self, history: RunHistory | ParameterNorms | None) -> bool:
+        """The statistic shown is measured on some steps only (detail steps): its values
+        are points with nothing between. Measured every step (``detail_every=1``), it is a
+        line like the gradient norm (it was drawn as loose dots)."""
+        if history is None or not history.count:
+            return False
+        if self.statistic not in DETAIL_ONLY:  # a named statistic: its schedule says
+            return self.statistic_selector.points_only(self.statistic)
+        key = (id(history), history.count, self._value_statistic)
+        found = self._sparse_memo.get(key)
+        if found is None:
+            measured = (history.matrix(self._value_statistic) != MISSING).any(axis=1)
+            found = not bool(measured.all())
+            if len(self._sparse_memo) > 16:
+                self._sparse_memo.clear()
+            self._sparse_memo[key] = found
+        return found
+
     def _y(self, logged: np.ndarray) -> np.ndarray:
         """Drawn y of log10 values: themselves on the log axis, 10**them on a linear one."""
         if not self.linear:
@@ -382,8 +413,9 @@ class GradientNormPlot(QWidget):
             raw.setVisible(False)
         # Dots while there are few steps (one has no line), and always for a statistic
         # measured on detail steps only: its values are points, with nothing between.
-        points_only = self.statistic_selector.points_only(self.statistic)
-        few = (cache.rows <= DOTS_UP_TO or points_only) and bool(np.isfinite(logged).any())
+        few = (cache.rows <= DOTS_UP_TO or self._measured_sparsely(self._history)) and bool(
+            np.isfinite(logged).any()
+        )
         color = self._colors.get(name, QColor("#1f77b4"))
         curve.setData(
             self._x,
@@ -456,7 +488,7 @@ class GradientNormPlot(QWidget):
             return
         self._group_key = key
         columns = self._columns
-        points_only = self.statistic_selector.points_only(self.statistic)
+        points_only = self._measured_sparsely(self._history)
         if points_only or per_block == 1:
             # Points only (see DETAIL_ONLY): every measured value in view, not blocks.
             x = steps[first:last]
@@ -583,10 +615,7 @@ class GradientNormPlot(QWidget):
                     color = self._colors.get(name, QColor("#1f77b4"))
                     series = run.history.series(self._value_statistic, name)
                     values = self._y(log10_display(series))
-                    points = (
-                        self.statistic_selector.points_only(self.statistic)
-                        or run.history.count <= DOTS_UP_TO
-                    )
+                    points = self._measured_sparsely(run.history) or run.history.count <= DOTS_UP_TO
                     x = (
                         run.history.elapsed_seconds()
                         if self.wall_clock
@@ -608,6 +637,27 @@ class GradientNormPlot(QWidget):
                 self.item.removeItem(curve)
                 del self.compared_curves[key]
                 self._compared_state.pop(key, None)
+        marks_key = (
+            tuple((run.name, id(run.history), run.history.count) for run in view.compared),
+            self._value_statistic,
+            tuple(visible),
+            self.wall_clock,
+        )
+        if marks_key != self._compared_marks_key:
+            self._compared_marks_key = marks_key
+            self.compared_marks.refresh(
+                tuple(
+                    layer_marks(
+                        run,
+                        self._value_statistic,
+                        visible,
+                        run.history.elapsed_seconds()
+                        if self.wall_clock
+                        else run.history.steps.astype(np.float64),
+                    )
+                    for run in view.compared
+                )
+            )
 
     def _update_legend(self, visible: list[str]) -> None:
         # Many layers: the selected one and the first others, then how many more (hovering
@@ -615,7 +665,8 @@ class GradientNormPlot(QWidget):
         shown = list(visible)
         more = 0
         limit = self._legend_limit_used = self._legend_limit()
-        if len(shown) > limit:
+        foldable = self.legend_expanded and len(shown) > limit
+        if len(shown) > limit and not self.legend_expanded:
             first = [self._selected] if self._selected in shown else []
             rest = [n for n in shown if n not in first]
             shown = first + rest[: max(0, limit - 1 - len(first))]
@@ -623,7 +674,8 @@ class GradientNormPlot(QWidget):
         if self._edge_points:
             shown = [*shown, _EDGE_LEGEND]
         skipped = bool(len(self.skipped.steps))
-        key = [*shown, more, skipped]
+        compared_nonfinite = bool(len(self.compared_marks.nonfinite.data))
+        key = [*shown, more, foldable, skipped, compared_nonfinite]
         if key == self._legend_names:
             return
         self.legend.clear()
@@ -636,13 +688,17 @@ class GradientNormPlot(QWidget):
                 )
                 self.legend.addItem(sample, elide(name, 22))
         if more:
-            self.legend.addItem(self._legend_more, f"+{more} more")
+            self.legend.addItem(self._legend_more, f"+{more} more ▸")
+        elif foldable:
+            self.legend.addItem(self._legend_more, "◂ fewer")
         if _EDGE_LEGEND in shown:
             self.legend.addItem(self.markers, "NaN/Inf top, 0 bottom")
         if skipped:
             self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
+        if compared_nonfinite:
+            self.legend.addItem(self.compared_marks.nonfinite, COMPARED_NONFINITE_WORDS)
         self._legend_names = key
-        self.legend.setVisible(bool(shown) or skipped)
+        self.legend.setVisible(bool(shown) or skipped or compared_nonfinite)
         self._fit_legend_columns()
 
     def show_selection(self, layer: str | None, step: int | None) -> None:
@@ -726,6 +782,8 @@ class GradientNormPlot(QWidget):
             self.item.removeItem(curve)
         self.compared_curves.clear()
         self._compared_state.clear()
+        self.compared_marks.clear()
+        self._compared_marks_key = None
         self._group_key = self._edge_key = None
         self._selected = None
         self._legend_names = ["-"]
@@ -772,10 +830,26 @@ class GradientNormPlot(QWidget):
         self.hover.setPos(self.item.vb.mapSceneToView(scene_pos))
         self.hover.setVisible(True)
 
+    def _legend_toggle_at(self, scene_pos: QPointF) -> bool:
+        """The "+N more" / "fewer" entry is at ``scene_pos``."""
+        return any(
+            getattr(sample, "item", sample) is self._legend_more  # (an ItemSample holds it)
+            and (
+                label.sceneBoundingRect().contains(scene_pos)
+                or sample.sceneBoundingRect().contains(scene_pos)
+            )
+            for sample, label in self.legend.items
+        )
+
     def _on_scene_mouse_clicked(self, event: object) -> None:
         if event.button() != Qt.MouseButton.LeftButton:
             return
         scene_pos = event.scenePos()
+        if self.legend.isVisible() and self._legend_toggle_at(scene_pos):
+            self.legend_expanded = not self.legend_expanded
+            self._update_legend(self._visible)
+            event.accept()
+            return
         if not self.item.vb.sceneBoundingRect().contains(scene_pos):
             return
         found = self.nearest(scene_pos)

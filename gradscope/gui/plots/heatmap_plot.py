@@ -110,10 +110,14 @@ class HeatmapPlot(QWidget):
         self.statistic_changed.emit(statistic)
 
     def _show_title(self) -> None:
+        # Short, and clear of the statistic box over the top-left corner: the scaler's
+        # words made it run off both sides of a 1280x800 window's heatmap (the hover and
+        # the legends of the plots above say "skipped by the loss scaler" in full).
         self.item.setTitle(
             f"log10 {self.statistic_selector.label(self.statistic)} (red: NaN/Inf, white: 0"
-            + (", purple: skipped by the loss scaler)" if self._skipped_title else ")"),
+            + (", purple: skipped)" if self._skipped_title else ")"),
             size="10pt",
+            justify="right",
         )
 
     def refresh(self, view: PlotView) -> None:
@@ -125,6 +129,9 @@ class HeatmapPlot(QWidget):
         if not order or history.count == 0:
             self.image.clear()
             self._key = None
+            if self._skipped_title:  # the last run's scaler is not this one's
+                self._skipped_title = False
+                self._show_title()
             return
         cache = self.cache
         cache.update(history)
@@ -185,7 +192,11 @@ class HeatmapPlot(QWidget):
         self._rgba[first:rows] = colorize(matrix[first:rows], low, high)
         self._colored_levels, self._colored_rows = (low, high), complete
         self.rgba = self._rgba[:rows]
-        self.image.setImage(self.rgba, autoLevels=False)
+        # pyqtgraph (0.14) turns a one-layer image into a QImage of zero size (the swapped
+        # axes of an (N, 1, 4) array give it a line stride of one pixel): the heatmap went
+        # blank when one layer was watched. The row drawn twice fills the same rectangle.
+        shown = np.repeat(self.rgba, 2, axis=1) if len(order) == 1 else self.rgba
+        self.image.setImage(shown, autoLevels=False)
         first_step = self._steps[0]
         # Steps per history row: 1, except in a decimated recording (every k-th step and
         # the steps with events), whose image spans its steps, not its row count (it was

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPointF, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
 
 from gradscope.gui.mixed_precision import (
@@ -12,7 +12,12 @@ from gradscope.gui.mixed_precision import (
     LossScaleAxis,
     SkippedMarkers,
 )
-from gradscope.gui.plot_axes import elide
+from gradscope.gui.plot_axes import elapsed_text, elide
+from gradscope.gui.plots.compared_markers import (
+    ComparedMarkers,
+    compared_origin_words,
+    loss_marks,
+)
 from gradscope.gui.plots.compared_runs import LINE_STYLE_WORDS, ComparedRun, short_run_name
 from gradscope.gui.plots.display_values import ema_display, log10_display
 from gradscope.gui.plots.plot_view import PlotView
@@ -21,7 +26,10 @@ from gradscope.gui.plots.step_zoom import StepZoomViewBox
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     NONFINITE_MARKER_COLOR,
+    format_value,
 )
+
+_HOVER_PIXELS = 12  # how far (across the steps) the mouse may be from a step it reads
 
 
 class LossPlot(QWidget):
@@ -57,6 +65,9 @@ class LossPlot(QWidget):
         self.item.layout.addItem(self.legend, 4, 1)
         self.legend.setVisible(False)
         self._legend_key: tuple = (False, False, ())
+        # The compared runs' origin entries of the legend: a click selects that origin's
+        # layer and step (its module, in the shown run's tree).
+        self._origin_entries: list[tuple[pg.PlotDataItem, object]] = []
         # The run legend (with runs compared): this plot draws every run's loss in its
         # line style, so the styles are explained here, beside the curves they name.
         self._runs: tuple[str, tuple[ComparedRun, ...], list[str]] = ("", (), [])
@@ -71,6 +82,8 @@ class LossPlot(QWidget):
         self._x = np.zeros(0)  # where each step is drawn (its number, or its time)
         self.wall_clock = False
         self.compared_curves: dict[str, pg.PlotDataItem] = {}  # run name -> its loss
+        self.compared_marks = ComparedMarkers(self.item)
+        self._compared_marks_key: tuple | None = None
         # The value axis: auto (log when the loss spans orders of magnitude), log, linear.
         self.scale_choice = QComboBox(self.widget)
         self.scale_choice.addItems(["auto", "log", "linear"])
@@ -82,6 +95,17 @@ class LossPlot(QWidget):
         self.scale_choice.move(2, 2)
         self.scale_choice.currentIndexChanged.connect(self._on_scale_choice_changed)
         self._last_view: PlotView | None = None
+        # The readout the other plots have: the step under the mouse, its loss and each
+        # compared run's loss at that step.
+        self.hover = pg.TextItem(
+            anchor=(0, 1), color="#111", fill=pg.mkBrush(255, 255, 230, 235), border="#999"
+        )
+        self.hover.setZValue(50)
+        self.hover.setVisible(False)
+        self.item.addItem(self.hover, ignoreBounds=True)
+        self.hover_text = ""
+        self.widget.scene().sigMouseMoved.connect(self._on_scene_mouse_moved)
+        self.widget.viewport().installEventFilter(self)
 
     def _on_scale_choice_changed(self, _index: int) -> None:
         if self._last_view is not None:
@@ -164,17 +188,33 @@ class LossPlot(QWidget):
                 connect="finite",
                 pen=pg.mkPen("#333", width=1.2, style=run.line_style),
             )
+        key = (
+            tuple((run.name, id(run.history), run.history.count) for run in compared),
+            self.wall_clock,
+        )
+        if key != self._compared_marks_key:
+            self._compared_marks_key = key
+            self.compared_marks.refresh(
+                tuple(loss_marks(run, self._x_of(run.history)) for run in compared)
+            )
 
     def _update_legend(self) -> None:
         run_name, compared, ticked = self._runs
         runs = tuple(
-            (run.name, run.line_style, tuple(run.missing_layers(ticked))) for run in compared
+            (
+                run.name,
+                run.line_style,
+                tuple(run.missing_layers(ticked)),
+                compared_origin_words(run),
+            )
+            for run in compared
         )
         key = (bool(len(self.skipped.steps)), self.loss_scale.shown, runs and (run_name, runs))
         if key == self._legend_key:
             return
         self._legend_key = key
         self.legend.clear()
+        self._origin_entries = []
         if key[0]:
             self.legend.addItem(self.skipped.markers, SKIPPED_WORDS)
         if key[1]:
@@ -202,6 +242,12 @@ class LossPlot(QWidget):
             if missing:  # a line of its own: the plot is narrow
                 names = elide(", ".join(n or "(model)" for n in missing), 20)
                 self.legend.addItem(pg.PlotDataItem(pen=None), f"missing: {names}")
+            origin = run.history.first_nonfinite
+            if origin is not None:  # the run's own origin: where, above the Events list
+                # (Short: a wider legend widened the plot past its view at 1280x800.)
+                sample = pg.PlotDataItem(pen=None)
+                self.legend.addItem(sample, f"NaN/Inf from step {origin.step} ▸")
+                self._origin_entries.append((sample, origin))
 
     def show_selection(self, step: int | None) -> None:
         self.step_line.setVisible(step is not None)
@@ -222,8 +268,79 @@ class LossPlot(QWidget):
             self._nonfinite_steps, np.full(len(self._nonfinite_steps), top - 8 * pixel_height)
         )
 
+    def readout(self, scene_pos: QPointF) -> str:
+        """What the mouse at ``scene_pos`` points at: the nearest step's loss (within a few
+        pixels), and each compared run's loss at that step; "" when no step is near."""
+        vb = self.item.vb
+        if not vb.sceneBoundingRect().contains(scene_pos) or not len(self._steps):
+            return ""
+        x = vb.mapSceneToView(scene_pos).x()
+        pixel_width, _ = vb.viewPixelSize()
+        row = int(np.argmin(np.abs(self._x - x)))
+        if abs(self._x[row] - x) > _HOVER_PIXELS * pixel_width:
+            return ""
+        history = self._last_view.history if self._last_view is not None else None
+        if history is None or row >= history.count:
+            return ""
+        step = int(self._steps[row])
+        when = f"step {step}"
+        if self.wall_clock:
+            when += f" · {elapsed_text(float(self._x[row]))} after the first step"
+        lines = [when, f"loss = {self._loss_words(history, row)}"]
+        for run in self._last_view.compared:
+            other = run.history.row_of_step(step)
+            if other is not None:
+                name = short_run_name(run.name)
+                lines.append(f"{name}: {self._loss_words(run.history, other)}")
+        return "\n".join(lines)
+
+    @staticmethod
+    def _loss_words(history: object, row: int) -> str:
+        value = float(history.losses[row])
+        if bool(history.skipped[row]):
+            return f"{format_value(value)} ({SKIPPED_WORDS})"
+        return format_value(value)
+
+    def hide_hover(self) -> None:
+        self.hover.setVisible(False)
+        self.hover_text = ""
+
+    def leaveEvent(self, event: object) -> None:
+        super().leaveEvent(event)
+        self.hide_hover()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        # Left for the scale box over the corner (a child: no leaveEvent of this widget).
+        if event.type() == QEvent.Type.Leave:
+            self.hide_hover()
+        return False
+
+    def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
+        text = self.readout(scene_pos)
+        if not text:
+            self.hide_hover()
+            return
+        self.hover_text = text
+        self.hover.setText(text)
+        rect = self.item.vb.sceneBoundingRect()
+        right = scene_pos.x() > rect.left() + rect.width() * 0.6
+        upper = scene_pos.y() < rect.top() + rect.height() * 0.4
+        self.hover.setAnchor((1 if right else 0, 0 if upper else 1))
+        self.hover.setPos(self.item.vb.mapSceneToView(scene_pos))
+        self.hover.setVisible(True)
+
     def _on_scene_mouse_clicked(self, event: object) -> None:
-        if event.button() != Qt.MouseButton.LeftButton or not len(self._steps):
+        if event.button() != Qt.MouseButton.LeftButton:
+            return
+        for sample, label in self.legend.items if self.legend.isVisible() else ():
+            origin = next(
+                (o for s, o in self._origin_entries if s is getattr(sample, "item", sample)), None
+            )
+            if origin is not None and label.sceneBoundingRect().contains(event.scenePos()):
+                self.selection_made.emit(Selection(origin.module, origin.step))
+                event.accept()
+                return
+        if not len(self._steps):
             return
         if not self.item.vb.sceneBoundingRect().contains(event.scenePos()):
             return

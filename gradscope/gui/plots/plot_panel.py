@@ -282,6 +282,11 @@ class PlotPanel(QWidget):
                 self._fit_shared_axes(view)
             finally:
                 self.gradient_norm.hold(False)
+        # The rows are the layers shown, whatever the step zoom: they refit when that set
+        # changes (after "Top 10" the ten rows were squeezed into a tenth of the height).
+        layers = len(view.ticked_layers())
+        if layers:
+            self._set_range(self.heatmap.item, "y", -0.5, layers - 0.5, 0)
         self.gradient_norm.refresh(view)
         self.loss.refresh(view)
         self.heatmap.refresh(view)
@@ -331,9 +336,6 @@ class PlotPanel(QWidget):
         if not any(run.count for run in runs):
             # No steps: the first ten, not pyqtgraph's -0.4 to 0.4 of an empty view.
             self._set_range(self.gradient_norm.item, "x", -0.5, 9.5, 0.02)
-        layers = len(view.ticked_layers())
-        if layers:
-            self._set_range(self.heatmap.item, "y", -0.5, layers - 0.5, 0)
 
     def _set_range(
         self, item: pg.PlotItem, axis: str, low: float, high: float, padding: float
@@ -386,6 +388,7 @@ class PlotPanel(QWidget):
     def hide_hover(self) -> None:
         """No hover text left over data that changed (a load, a rewind)."""
         self.gradient_norm.hide_hover()
+        self.loss.hide_hover()
         QToolTip.hideText()
 
     def show_statistic(self, statistic: str, history: RunHistory) -> None:

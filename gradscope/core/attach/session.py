@@ -66,7 +66,7 @@ class WatchedModel:
     optimizers: set[int] = field(default_factory=set)
     failed: bool = False
     read_early: bool = False  # this step was read before its optimizer step (at clipping)
-    clipping: set[str] = field(default_factory=set)  # the script's clipping calls seen
+    clipping: dict[str, str] = field(default_factory=dict)  # the script's clipping calls
     skipped: int = 0  # steps the GradScaler skipped
 
 
@@ -180,14 +180,13 @@ class AttachSession:
     def _note_clipping(self, entry: WatchedModel, name: str, args: tuple, kwargs: dict) -> None:
         if name in entry.clipping or entry.watch is None:
             return
-        entry.clipping.add(name)
         limit = args[0] if args else next(iter(kwargs.values()), None)
-        said = f"{name}({limit})" if limit is not None else f"{name}()"
+        said = entry.clipping[name] = f"{name}({limit})" if limit is not None else f"{name}()"
         if entry.watch.recording is not None:
             entry.watch.recording.set_info(
                 "clipping",
-                ", ".join(sorted(entry.clipping)) + " by the script; the figures and statuses "
-                "are those before clipping",
+                ", ".join(entry.clipping.values()) + " by the script; the figures and "
+                "statuses are those before clipping",
             )
         say(f"{model_name(entry.model)}: the script clips ({said}); read before it clips")
 

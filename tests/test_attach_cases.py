@@ -51,9 +51,10 @@ def _watched(tmp_path: Path, *script_args: str) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
-def test_saving_pickling_and_copying_the_model_is_as_without_gradscope(tmp_path):
-    plain = _python(str(SCRIPT), "--case", "save", cwd=tmp_path)
-    attached, history, _ = _attached(tmp_path, "--case", "save", "--out", "attached")
+@pytest.mark.parametrize("case", ["save", "save-by-hand"])
+def test_saving_pickling_and_copying_the_model_is_as_without_gradscope(tmp_path, case):
+    plain = _python(str(SCRIPT), "--case", case, cwd=tmp_path)
+    attached, history, info = _attached(tmp_path, "--case", case, "--out", "attached")
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert attached.returncode == 0, attached.stderr[-3000:]
     assert attached.stdout == plain.stdout
@@ -64,6 +65,8 @@ def test_saving_pickling_and_copying_the_model_is_as_without_gradscope(tmp_path)
     # the model's step loss is the script's, not the EMA's call (made with autograd on)
     printed = [float(line.split()[-1]) for line in plain.stdout.splitlines() if " loss " in line]
     assert history.losses.tolist() == pytest.approx(printed, abs=1e-5)
+    if case == "save-by-hand":  # no optimizer: each step read at the script's clipping
+        assert info["clipping"].startswith("clip_grad_value_(0.5) by the script")
 
 
 @pytest.mark.parametrize("case", ["nan-pixel", "sqrt0"])

@@ -3,6 +3,8 @@ tests/test_attach_cases.py): each ``--case`` is a loop a user could have written
 
 - ``save``: keeps an EMA ``copy.deepcopy`` of the model from step 0 on, updated and called
   (with autograd on) every step, then ``torch.save``s and pickles the model and the EMA;
+- ``save-by-hand``: the same, with the weights updated by hand after ``clip_grad_value_``
+  (no optimizer), as pytorch/examples' word_language_model does by default;
 - ``nan-pixel``: a NaN pixel in the batch of step ``--bad-step``;
 - ``sqrt0``: a distance ``sqrt(sum(a**2))`` of a zero row at step ``--bad-step``: finite
   forward, NaN backward;
@@ -114,12 +116,16 @@ def main():
         if args.case == "clip":
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             print(f"step {step} norm {norm.item():.1f}")
-        if scaler is not None:
+        if args.case == "save-by-hand":
+            torch.nn.utils.clip_grad_value_(model.parameters(), 0.5)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.01)
+        elif scaler is not None:
             scaler.step(optimizer)
             scaler.update()
         else:
             optimizer.step()
-        if args.case == "save" and ema is None:
+        if args.case.startswith("save") and ema is None:
             ema = copy.deepcopy(model)  # a teacher that follows the model
         elif ema is not None:
             with torch.no_grad():
@@ -137,7 +143,10 @@ def main():
         with open(f"{args.out}.model.pt", "rb") as saved:
             restored = torch.load(io.BytesIO(saved.read()), weights_only=False)
         copies = (*again, restored, ema)
-        print("hooks on the copies:", [len(m._forward_pre_hooks) for m in copies])
+        print(
+            "hooks on the copies:",
+            [len(m._forward_pre_hooks) + len(m._forward_hooks) for m in copies],
+        )
         print("their own call:", [m._compiled_call_impl for m in copies])
         print("state keys:", sorted(model.state_dict()))
 

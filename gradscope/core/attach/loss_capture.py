@@ -34,6 +34,7 @@ class LossCapture:
         self._total: torch.Tensor | None = None
         # the last scaler.scale(loss): (a weak reference to its result, the loss)
         self._scaled: tuple[weakref.ref, torch.Tensor] | None = None
+        self.backwards = 0  # backward calls so far: a new one means a new step's gradients
 
     def install(self) -> None:
         if self._original is not None:
@@ -43,6 +44,7 @@ class LossCapture:
 
         @functools.wraps(original)
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            self.backwards += 1
             self._add(tensors)
             return original(tensors, *args, **kwargs)
 

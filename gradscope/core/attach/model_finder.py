@@ -112,6 +112,7 @@ class ModelFinder:
         self._captures: dict[int, StepReplay] = {}
         self._not_trained: dict[int, bool] = {}  # id(module) -> owns no trainable parameter
         self._keepers: dict[int, _InputKeeper] = {}
+        self._taken: set[int] = set()  # id(model) of the models whose watch took the capture
         self._calls: dict[int, list[tuple[tuple, dict]]] = {}
 
     def start(self) -> None:
@@ -168,8 +169,8 @@ class ModelFinder:
         key = id(module)
         if key not in self._outermost:
             self._outermost[key] = weakref.ref(module)
-        if key in self._keepers:
-            return  # a chosen model: its keeper takes the call
+        if key in self._taken or key in self._keepers:
+            return  # a watched model: its watch's capture or its keeper takes the call
         capture = self._captures.get(key)
         if capture is None and self._trained(module):
             capture = self._capture(module)
@@ -291,6 +292,7 @@ class ModelFinder:
     # -- the chosen models' inputs ----------------------------------------------------
     def take_capture(self, model: nn.Module) -> StepReplay | None:
         """The capture made at ``model``'s first training call (the watch owns it now)."""
+        self._taken.add(id(model))
         return self._captures.pop(id(model), None)
 
     def keep_inputs(self, model: nn.Module) -> None:

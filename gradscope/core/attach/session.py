@@ -65,7 +65,8 @@ class WatchedModel:
     path: Path | None
     optimizers: set[int] = field(default_factory=set)
     failed: bool = False
-    read_early: bool = False  # this step was read before its optimizer step (at clipping)
+    # this step was read before its optimizer step (at clipping): the backward count then
+    read_early: int | None = None
     clipping: dict[str, str] = field(default_factory=dict)  # the script's clipping calls
     skipped: int = 0  # steps the GradScaler skipped
 
@@ -123,8 +124,8 @@ class AttachSession:
             self._warn_once("find", f"cannot find the models: {self._internal(error)}")
             return
         for entry in models:
-            if entry.read_early:  # at the script's clipping, before this step
-                entry.read_early = False
+            if entry.read_early == self.losses.backwards:  # read at the script's clipping
+                entry.read_early = None
                 continue
             self._collect(entry, loss, scaler or self._scaler, optimizer)
 
@@ -138,18 +139,24 @@ class AttachSession:
                 return
             first = max(self._step_counts.values(), default=0)
             entries = self._models_holding(stepped, first, f"{name}()")
+            if not self.optimizer_steps and any(e.read_early is not None for e in entries):
+                # A step went by with no optimizer step: the weights are updated by hand.
+                self._stop_search_when_done()
         except Exception as error:  # never into the script
             self._warn_once("find", f"cannot find the models: {self._internal(error)}")
             return
         loss = None
         for entry in entries:
-            if entry.failed or entry.read_early:
+            # a second clipping of the same gradients (by norm, then by value) reads nothing
+            if entry.failed or entry.read_early == self.losses.backwards:
                 continue
             if loss is None:
                 loss = self.losses.take()
             self._note_clipping(entry, name, args, kwargs)
             self._collect(entry, loss, self._scaler, None)
-            entry.read_early = True
+            # (a script that updates its weights by hand has no optimizer step: the next
+            # backward starts the next step)
+            entry.read_early = self.losses.backwards
 
     def _collect(
         self,
@@ -207,9 +214,13 @@ class AttachSession:
         for entry in entries:
             entry.optimizers.add(key)
         self._resolved[optimizer] = [id(e.model) for e in entries]
-        if all(seen in self._resolved for seen in self._step_counts):
-            self.finder.stop_search([e.model for e in self.models.values()])
+        self._stop_search_when_done()
         return entries
+
+    def _stop_search_when_done(self) -> None:
+        """The forward hooks go once every optimizer that stepped has its models."""
+        if self.finder.searching and all(seen in self._resolved for seen in self._step_counts):
+            self.finder.stop_search([e.model for e in self.models.values()])
 
     def _models_holding(
         self, stepped: list[torch.Tensor], index: int, who: str

@@ -81,7 +81,9 @@ def test_a_nan_at_step_0_is_located_as_the_watch_locates_it(tmp_path, case):
     if case == "nan-pixel":
         assert (origin.phase, origin.details["samples"]) == ("input", [5])
     else:
-        assert (origin.phase, origin.module, origin.line) == ("backward", "dist", 44)
+        lines = SCRIPT.read_text().splitlines()
+        sqrt_line = next(i for i, text in enumerate(lines, 1) if "torch.sqrt(" in text)
+        assert (origin.phase, origin.module, origin.line) == ("backward", "dist", sqrt_line)
 
 
 def test_a_persisting_float16_overflow_under_a_grad_scaler_is_an_episode(tmp_path):

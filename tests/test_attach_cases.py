@@ -147,3 +147,41 @@ def test_a_model_trained_through_forward_is_recorded(tmp_path):
     printed = [float(line.split()[-1]) for line in result.stdout.splitlines() if " loss " in line]
     assert history.losses.tolist() == pytest.approx(printed, abs=1e-5)
     assert "Net is trained through direct .forward() calls" in result.stderr
+
+
+GAN_STEP_0 = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+G = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+D = nn.Sequential(nn.Linear(8, 1))
+opt_g = torch.optim.SGD(G.parameters(), lr=0.1)
+opt_d = torch.optim.SGD(D.parameters(), lr=0.1)
+for step in range(3):
+    z = torch.randn(6, 4)
+    if step == 0:
+        z[2, 1] = float("nan")
+    fake = G(z)
+    opt_d.zero_grad()
+    D(torch.randn(6, 8)).mean().backward()
+    opt_d.step()
+    opt_g.zero_grad()
+    (-D(fake).mean()).backward()
+    opt_g.step()
+"""
+
+
+def test_a_model_matched_after_another_models_step_keeps_its_step_0(tmp_path):
+    # The generator runs before the discriminator's step ends the search for models; its
+    # optimizer steps after: its step 0 is still captured.
+    script = tmp_path / "gan.py"
+    script.write_text(GAN_STEP_0)
+    record = tmp_path / "gan.gsrec"
+    result = _python(
+        "-m", "gradscope", "attach", "--record", str(record), str(script), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with RecordingReader(tmp_path / "gan.Sequential.gsrec") as reader:
+        _, generator = reader.load()
+    origin = generator.first_nonfinite
+    assert (origin.step, origin.phase, origin.details["samples"]) == (0, "input", [2])

@@ -19,7 +19,7 @@ with trainable parameters called in training gets, at its first such call, the c
 the watch repeats a NaN/Inf step from (:mod:`gradscope.core.replay`), so that the step
 before the first ``optimizer.step()`` (step 0) is captured like any other: the watch made
 at that step takes it over. The captures of modules that turn out not to be models go
-when the search ends.
+one optimizer step after the search ends (:meth:`ModelFinder.drop_captures`).
 
 Nothing is put where the script's objects carry it: the capture and the input keeper sit
 in torch's call slot of the module (``_compiled_call_impl``), which ``pickle``,
@@ -151,15 +151,22 @@ class ModelFinder:
         ]
 
     def stop_search(self, chosen: Iterable[nn.Module] = ()) -> None:
+        """The forward hooks go (see :meth:`drop_captures` for the captures)."""
         handles, self._search_handles = self._search_handles, []
         for handle in handles:
             handle.remove()
         kept = {id(m) for m in chosen} | set(self._keepers)
-        # What was kept of modules that were not chosen (a loss module, a teacher) goes now.
-        for key in [k for k in self._calls if k not in kept]:
+        # The inputs kept of modules that were not chosen (a loss module) go now.
+        for key in [k for k in self._calls if k not in kept | set(self._captures)]:
             del self._calls[key]
-        for key in [k for k in self._captures if k not in kept]:
-            self._captures.pop(key).close()
+
+    def drop_captures(self) -> None:
+        """The captures no watch took (a teacher's) go. Not at the end of the search: a
+        GAN's generator, called before the discriminator's step ends the search, is
+        matched to its optimizer at the step after."""
+        for capture in self._captures.values():
+            capture.close()
+        self._captures.clear()
 
     def _on_forward_start(self, module: nn.Module, args: tuple) -> None:
         depth = getattr(self._local, "depth", 0)

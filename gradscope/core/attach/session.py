@@ -90,6 +90,7 @@ class AttachSession:
         self._apps: list[Any] = []
         self.calls = StepCalls(self._on_scale, self._on_scaler_step, self._on_clip)
         self._scaler: Any = None  # the GradScaler the script scales its loss with
+        self._search_ended_at: int | None = None  # optimizer steps when the search ended
 
     def start(self) -> None:
         self.finder.start()
@@ -128,6 +129,10 @@ class AttachSession:
                 entry.read_early = None
                 continue
             self._collect(entry, loss, scaler or self._scaler, optimizer)
+        ended = self._search_ended_at
+        if ended is not None and self.optimizer_steps > ended:
+            self.finder.drop_captures()
+            self._search_ended_at = None
 
     def _on_clip(
         self, name: str, parameters: list[torch.Tensor], args: tuple, kwargs: dict
@@ -221,6 +226,7 @@ class AttachSession:
         """The forward hooks go once every optimizer that stepped has its models."""
         if self.finder.searching and all(seen in self._resolved for seen in self._step_counts):
             self.finder.stop_search([e.model for e in self.models.values()])
+            self._search_ended_at = self.optimizer_steps
 
     def _models_holding(
         self, stepped: list[torch.Tensor], index: int, who: str

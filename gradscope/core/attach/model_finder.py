@@ -78,8 +78,9 @@ def _call_kwargs() -> dict:
 
 
 class _InputKeeper:
-    """Takes a chosen model's calls in its call slot, where no capture holds it (a model
-    inside ``DataParallel``, whose replicas the capture cannot repeat)."""
+    """Takes a chosen model's calls in its call slot, where no capture holds it: a wrapper
+    (``DataParallel``, whose replicas the capture cannot repeat; ``torch.compile``'s module,
+    whose compiled call passes by the capture of the model inside)."""
 
     def __init__(self, finder: ModelFinder, model: nn.Module) -> None:
         self.finder = finder
@@ -303,11 +304,9 @@ class ModelFinder:
         return self._captures.pop(id(model), None)
 
     def keep_inputs(self, model: nn.Module) -> None:
-        """Take ``model``'s inputs in its call slot (for a model without a capture)."""
+        """Take ``model``'s inputs in its call slot, unless something (the capture) holds it."""
         key = id(model)
         if key in self._keepers or model.__dict__.get(_CALL_SLOT) is not None:
-            return
-        if hasattr(model, "_orig_mod"):  # torch.compile's module calls its own way
             return
         keeper = _InputKeeper(self, model)
         model.__dict__[_CALL_SLOT] = keeper

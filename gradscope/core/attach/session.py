@@ -285,8 +285,9 @@ class AttachSession:
             return entry
         if capture is not None:
             watch.replay = capture
-        elif watch.replay is None:
-            self.finder.keep_inputs(model)  # the step's batch, where no capture takes it
+        # The step's batch where the capture does not take the model's own calls (it sits
+        # in the slot of the model inside a wrapper, or a compiled model's calls pass by it).
+        self.finder.keep_inputs(model)
         if first_step:
             watch.step = first_step
         entry = WatchedModel(model, watch, watch.path)

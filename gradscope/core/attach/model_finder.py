@@ -148,7 +148,9 @@ class ModelFinder:
         register_post = torch.nn.modules.module.register_module_forward_hook
         self._search_handles = [
             register_pre(self._on_forward_start),
-            register_post(self._on_forward_end, with_kwargs=True, always_call=True),
+            # (not with_kwargs: torch leaves that flag behind when the hook is removed, and
+            # torch.compile then warns about global hooks for the rest of the run)
+            register_post(self._on_forward_end, always_call=True),
         ]
 
     def stop_search(self, chosen: Iterable[nn.Module] = ()) -> None:
@@ -191,7 +193,7 @@ class ModelFinder:
             self._local.fed = capture
             capture._before_forward(module, args, _call_kwargs())
 
-    def _on_forward_end(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _on_forward_end(self, module: nn.Module, args: tuple, output: Any) -> None:
         depth = max(0, getattr(self._local, "depth", 1) - 1)
         self._local.depth = depth
         if depth:
@@ -199,7 +201,7 @@ class ModelFinder:
         capture = self._fed()
         if capture is not None and capture.model is module:
             self._local.fed = None
-            capture._after_forward(module, args, kwargs, output)
+            capture._after_forward(module, args, {}, output)  # its start took the call
 
     def _fed(self) -> StepReplay | None:
         return getattr(self._local, "fed", None)

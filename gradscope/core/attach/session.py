@@ -131,8 +131,11 @@ class AttachSession:
             self._collect(entry, loss, scaler or self._scaler, optimizer)
         ended = self._search_ended_at
         if ended is not None and self.optimizer_steps > ended:
-            self.finder.drop_captures()
             self._search_ended_at = None
+            try:
+                self.finder.drop_captures()
+            except Exception as error:  # never into the script
+                self._warn_once("drop", f"letting go of a capture: {self._internal(error)}")
 
     def _on_clip(
         self, name: str, parameters: list[torch.Tensor], args: tuple, kwargs: dict

@@ -86,6 +86,15 @@ def test_a_nan_at_step_0_is_located_as_the_watch_locates_it(tmp_path, case):
         assert (origin.phase, origin.module, origin.line) == ("backward", "dist", sqrt_line)
 
 
+def test_a_nan_in_the_third_micro_batch_of_step_0_is_located_in_that_call(tmp_path):
+    args = ("--case", "sqrt0", "--bad-step", "0", "--steps", "2", "--micro", "3")
+    result, history, _ = _attached(tmp_path, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    origin = history.first_nonfinite
+    assert (origin.step, origin.phase, origin.module) == (0, "backward", "dist")
+    assert origin.details["forward_call"] == 2  # each call captured once, in order
+
+
 def test_a_persisting_float16_overflow_under_a_grad_scaler_is_an_episode(tmp_path):
     args = ("--case", "fp16-sgd", "--bad-step", "2", "--steps", "5")
     reference = _watched(tmp_path, *args)

@@ -7,7 +7,7 @@ tests/test_attach_cases.py): each ``--case`` is a loop a user could have written
   (no optimizer), as pytorch/examples' word_language_model does by default;
 - ``nan-pixel``: a NaN pixel in the batch of step ``--bad-step``;
 - ``sqrt0``: a distance ``sqrt(sum(a**2))`` of a zero row at step ``--bad-step``: finite
-  forward, NaN backward;
+  forward, NaN backward (with ``--micro N``, in the last of N micro-batches of the step);
 - ``fp16-sgd``: float16 autocast and a CPU GradScaler with SGD; from step ``--bad-step``
   on, the input grows past float16's range, so the loss is Inf at every later step;
 - ``fp16-fused``: float16 autocast, a CPU GradScaler with a large initial scale (so the
@@ -79,6 +79,7 @@ def main():
     parser.add_argument("--bad-step", type=int, default=-1)
     parser.add_argument("--watch", action="store_true")
     parser.add_argument("--out", default="saved")
+    parser.add_argument("--micro", type=int, default=1)
     args = parser.parse_args()
     torch.manual_seed(0)
     model = SqrtNet() if args.case == "sqrt0" else Net()
@@ -98,6 +99,9 @@ def main():
     for step in range(args.steps):
         x, y = batch(step, args.case, args.bad_step)
         optimizer.zero_grad()
+        for micro in range(args.micro - 1):  # the step's earlier micro-batches, all clean
+            clean_x, clean_y = batch(1000 + micro, args.case, args.bad_step)
+            (((model(clean_x) - clean_y) ** 2).mean() / args.micro).backward()
         with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
             output = model.forward(x) if args.case == "forward" else model(x)
             loss = ((output.float() - y) ** 2).mean()

@@ -181,15 +181,16 @@ class ModelFinder:
             self._outermost[key] = weakref.ref(module)
         if key in self._taken or key in self._keepers:
             return  # a watched model: its watch's capture or its keeper takes the call
-        capture = self._captures.get(key)
-        if capture is None and self._trained(module):
-            capture = self._capture(module)
+        if key in self._captures:
+            return  # the capture takes its calls
+        capture = self._capture(module) if self._trained(module) else None
         if capture is None:
             # Kept in case it becomes a model at this step: the step's batch.
             self._remember(key, args, {})
-        elif capture.model is module and not self._fed():
+        elif capture.model is module:
             # The capture takes the calls from the next one on; this one is already under
-            # way: handed to it by hand, as its own entry would have.
+            # way: handed to it by hand, as its own entry would have. (A wrapper's capture
+            # sits at the model inside, whose call is still to come.)
             self._local.fed = capture
             capture._before_forward(module, args, _call_kwargs())
 

@@ -80,16 +80,18 @@ def main():
     parser.add_argument("--watch", action="store_true")
     parser.add_argument("--out", default="saved")
     parser.add_argument("--micro", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = SqrtNet() if args.case == "sqrt0" else Net()
+    device = torch.device(args.device)
+    model = (SqrtNet() if args.case == "sqrt0" else Net()).to(device)
     fp16 = args.case.startswith("fp16")
     if args.case == "fp16-fused":
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scale = 2.0**24 if args.case == "fp16-fused" else 2.0**16
-    scaler = torch.amp.GradScaler("cpu", init_scale=scale) if fp16 else None
+    scaler = torch.amp.GradScaler(device.type, init_scale=scale) if fp16 else None
     ema = None
     watch = None
     if args.watch:
@@ -97,12 +99,12 @@ def main():
 
         watch = gradscope.watch(model, scaler=scaler, optimizer=optimizer)
     for step in range(args.steps):
-        x, y = batch(step, args.case, args.bad_step)
+        x, y = (t.to(device) for t in batch(step, args.case, args.bad_step))
         optimizer.zero_grad()
         for micro in range(args.micro - 1):  # the step's earlier micro-batches, all clean
-            clean_x, clean_y = batch(1000 + micro, args.case, args.bad_step)
+            clean_x, clean_y = (t.to(device) for t in batch(1000 + micro, args.case, args.bad_step))
             (((model(clean_x) - clean_y) ** 2).mean() / args.micro).backward()
-        with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
+        with torch.autocast(device.type, dtype=torch.float16, enabled=fp16):
             output = model.forward(x) if args.case == "forward" else model(x)
             loss = ((output.float() - y) ** 2).mean()
         if scaler is not None:

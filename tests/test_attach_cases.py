@@ -194,3 +194,24 @@ def test_a_model_matched_after_another_models_step_keeps_its_step_0(tmp_path):
         _, generator = reader.load()
     origin = generator.first_nonfinite
     assert (origin.step, origin.phase, origin.details["samples"]) == (0, "input", [2])
+
+
+def test_the_finder_keeps_nothing_of_modules_the_script_let_go_of():
+    import gc
+
+    import torch
+
+    from gradscope.core.attach.model_finder import ModelFinder
+
+    finder = ModelFinder()
+    finder.start()
+    try:
+        for _ in range(200):  # a script that builds a module in its loop
+            torch.nn.Linear(2, 2)
+        gc.collect()
+        kept = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        assert len(finder._owner) == 2
+        # found from its parameters alone, never called
+        assert finder.owners(kept.parameters()) == ([kept], 0)
+    finally:
+        finder.close()

@@ -128,8 +128,17 @@ class ModelFinder:
         self.start_search()
 
     def _on_parameter(self, module: nn.Module, name: str, parameter: Any) -> None:
-        if isinstance(parameter, torch.Tensor):
-            self._owner[id(parameter)] = (weakref.ref(parameter), weakref.ref(module))
+        if not isinstance(parameter, torch.Tensor):
+            return
+        owners, key = self._owner, id(parameter)
+
+        def forget(reference: weakref.ref) -> None:
+            # A script that builds modules in its loop would otherwise grow this for good.
+            known = owners.get(key)
+            if known is not None and known[0] is reference:
+                del owners[key]
+
+        owners[key] = (weakref.ref(parameter, forget), weakref.ref(module))
 
     def _on_submodule(self, module: nn.Module, name: str, submodule: Any) -> None:
         if isinstance(submodule, nn.Module) and submodule is not module:
@@ -275,7 +284,8 @@ class ModelFinder:
 
     def _built_homes(self, parameters: list[torch.Tensor], unbuilt: list) -> list[nn.Module]:
         """For the parameters built while attach ran, grouped by the topmost module holding
-        them: the smallest module holding each group."""
+        them: the smallest module holding each group, or the largest above it that holds
+        no other parameter."""
         groups: dict[int, list[list[nn.Module]]] = {}
         for parameter in parameters:
             known = self._owner.get(id(parameter))
@@ -285,6 +295,7 @@ class ModelFinder:
                 continue
             chain = self._ancestry(owner)
             groups.setdefault(id(chain[-1]), []).append(chain)
+        wanted = {id(p) for p in parameters}
         homes = []
         for chains in groups.values():
             home = chains[0][-1]  # the top; the deepest module on every chain below it
@@ -293,6 +304,12 @@ class ModelFinder:
                     home = candidate
                 else:
                     break
+            # up through the modules that hold nothing else (a model whose only child
+            # holds its layers is the model, not that child)
+            for parent in self._ancestry(home)[1:]:
+                if any(id(p) not in wanted for p in parent.parameters()):
+                    break
+                home = parent
             homes.append(home)
         return homes
 

@@ -20,6 +20,8 @@ from gradscope.core.recording import RecordingReader
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
 original_backward = torch.autograd.backward
+original_clip = torch.nn.utils.clip_grad_norm_
+original_scaler_step = torch.amp.GradScaler.step
 MNIST = TESTS / "models" / "mnist_shaped.py"
 GAN = TESTS / "models" / "gan_shaped.py"
 
@@ -86,7 +88,12 @@ def test_a_nan_pixel_in_one_batch_is_the_input_origin_at_that_step(tmp_path, cap
     err = capfd.readouterr().err
     assert "first non-finite value: step 6: NaN in the batch (your data)" in err
     # no hook is left behind: a later model in this process is not watched
-    assert not torch.nn.modules.module._global_forward_pre_hooks
+    assert not torch.nn.modules.module._has_any_global_hook()
+    assert not torch.nn.modules.module._global_parameter_registration_hooks
+    assert not torch.nn.modules.module._global_module_registration_hooks
+    assert torch.nn.utils.clip_grad_norm_ is original_clip
+    assert torch.nn.utils.clip_grad.clip_grad_norm_ is original_clip
+    assert torch.amp.GradScaler.step is original_scaler_step
     assert not optimizer_module._global_optimizer_pre_hooks
     assert torch.autograd.backward is original_backward
 
@@ -212,6 +219,6 @@ def test_parameters_of_no_module_are_said_and_nothing_is_recorded(tmp_path, capf
     assert _attach(tmp_path, "--record", str(tmp_path / "b.gsrec"), str(script)) == 0
     captured = capfd.readouterr()
     assert captured.out == "done\n"
-    assert "SGD steps parameters of no module called in forward" in captured.err
+    assert "SGD steps parameters of no module (nn.Parameter objects outside" in captured.err
     assert "no optimizer.step() stepped the parameters of a module" in captured.err
     assert not (tmp_path / "b.gsrec").exists()

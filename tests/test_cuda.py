@@ -396,3 +396,23 @@ def test_the_captures_cost_by_paired_steps_on_cuda():
     ratio = statistics.median(ratios)
     print(f"the capture on CUDA, median of {len(ratios)} pairs: {ratio:.4f}x")
     assert ratio < 1.05
+
+
+def test_attach_under_a_cuda_grad_scaler_with_a_fused_optimizer(tmp_path):
+    # nanoGPT's float16 path on a GPU: autocast, a GradScaler, a fused optimizer and no
+    # unscale_: unscaled figures and loss as the watch gives them, the scaler's own
+    # overflows recorded as skipped, with no origin.
+    from test_attach_cases import _attached, _watched
+
+    args = ("--case", "fp16-fused", "--steps", "10", "--device", "cuda")
+    reference = _watched(tmp_path, *args)
+    result, history, _ = _attached(tmp_path, *args, options=("--fail-on-nonfinite",))
+    assert result.returncode == 0, result.stderr[-3000:]
+    skipped = [s["skipped"] for s in reference]
+    assert skipped[0] and not skipped[-1]
+    assert history.skipped[: history.count].tolist() == skipped
+    assert history.first_nonfinite is None
+    assert history.losses.tolist() == pytest.approx([s["loss"] for s in reference])
+    applied = [i for i, s in enumerate(skipped) if not s]
+    recorded = history.total_grad_norm[: history.count]
+    assert recorded[applied].tolist() == pytest.approx([reference[i]["total"] for i in applied])

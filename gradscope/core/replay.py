@@ -583,6 +583,12 @@ class StepReplay:
                 )
         return calls
 
+    # gradscope attach hands over by hand the call that was under way when it made this
+    # capture (the capture's own entry takes the next ones), and reads the step's calls.
+    start_call = _before_forward
+    end_call = _after_forward
+    kept_calls = _kept_calls
+
     def _give_up(self, error: Exception) -> None:
         """The capture failed on this model: stop capturing (the statistics still say what
         they can, and locate= still works), say so once."""

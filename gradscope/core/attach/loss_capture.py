@@ -9,12 +9,17 @@ losses backward was called on since the previous step: a micro-batch loss divide
 accumulation count sums to the step's mean, and a GAN's ``errD_real.backward();
 errD_fake.backward()`` sums to its ``errD``. Kept detached on its device: no
 synchronisation until the watch makes its one transfer.
+
+Under a ``GradScaler`` the tensor backward is called on is ``scaler.scale(loss)``: the
+loss it scaled is summed instead (:meth:`LossCapture.note_scaled`), so that the recorded
+loss is the script's, not 65,536 times it.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -27,6 +32,9 @@ class LossCapture:
         self._original: Any = None
         self._lock = threading.Lock()
         self._total: torch.Tensor | None = None
+        # the last scaler.scale(loss): (a weak reference to its result, the loss)
+        self._scaled: tuple[weakref.ref, torch.Tensor] | None = None
+        self.backwards = 0  # backward calls so far: a new one means a new step's gradients
 
     def install(self) -> None:
         if self._original is not None:
@@ -36,6 +44,7 @@ class LossCapture:
 
         @functools.wraps(original)
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            self.backwards += 1
             self._add(tensors)
             return original(tensors, *args, **kwargs)
 
@@ -46,6 +55,11 @@ class LossCapture:
             torch.autograd.backward = self._original
             self._original = None
 
+    def note_scaled(self, loss: torch.Tensor, scaled: torch.Tensor) -> None:
+        """``scaled`` is ``scaler.scale(loss)``: a backward on it adds ``loss``."""
+        with self._lock:
+            self._scaled = (weakref.ref(scaled), loss.detach())
+
     def _add(self, tensors: Any) -> None:
         if isinstance(tensors, torch.Tensor):
             tensors = (tensors,)
@@ -55,8 +69,12 @@ class LossCapture:
             if isinstance(tensor, torch.Tensor) and tensor.numel() == 1:
                 if not tensor.is_floating_point():
                     continue
-                value = tensor.detach().reshape(()).float()
                 with self._lock:
+                    scaled = self._scaled
+                    if scaled is not None and scaled[0]() is tensor:
+                        tensor = scaled[1]
+                        self._scaled = None
+                    value = tensor.detach().reshape(()).float()
                     self._total = value if self._total is None else self._total + value
 
     def take(self) -> torch.Tensor | None:

@@ -14,8 +14,18 @@ from gradscope._version import __version__
 
 if TYPE_CHECKING:
     from gradscope.core.watch import GradientWatch
+    from gradscope.core.watch.statistics import Statistic
 
-__all__ = ["__version__", "watch"]
+__all__ = ["Statistic", "__version__", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``gradscope.Statistic`` imports the engine (torch) on first use only.
+    if name == "Statistic":
+        from gradscope.core.watch.statistics import Statistic
+
+        return Statistic
+    raise AttributeError(f"module 'gradscope' has no attribute {name!r}")
 
 
 def watch(
@@ -48,6 +58,9 @@ def watch(
     (``gradscope/grad_norm/<layer>``...; ``pip install "gradscope[tensorboard]"``);
     ``wandb=True`` logs them into the active ``wandb.run`` (or pass a run;
     ``pip install "gradscope[wandb]"``). See :mod:`gradscope.core.export`.
+
+    ``statistics=[GradRMS(), ...]``: figures of your own, subclasses of
+    :class:`gradscope.Statistic`, in ``stats.figures[name]`` on the steps they are due.
     """
     from gradscope.core.watch import GradientWatch
 

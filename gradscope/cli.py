@@ -76,6 +76,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="max |g|, weight norm and update ratio every K-th step (default 1: every step)",
     )
     add(
+        "--statistic",
+        action="append",
+        dest="statistics",
+        metavar="MODULE:CLASS",
+        help="also measure this gradscope.Statistic subclass, imported from the current "
+        "folder or sys.path (or a .py file); repeatable",
+    )
+    add(
         "--keep-going",
         action="store_true",
         default=None,
@@ -862,6 +870,14 @@ def _attach_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layers", nargs="+", metavar="GLOB", help="watch only these layers")
     parser.add_argument("--detail-every", type=int, metavar="K", help="detail every K-th step")
     parser.add_argument(
+        "--statistic",
+        action="append",
+        dest="statistics",
+        default=[],
+        metavar="MODULE:CLASS",
+        help="also measure this gradscope.Statistic subclass (repeatable)",
+    )
+    parser.add_argument(
         "--fail-on-nonfinite",
         action="store_true",
         help="exit with status 1 when a NaN/Inf was recorded (and the script exited 0)",
@@ -874,7 +890,7 @@ def _attach_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_ATTACH_VALUED = ("--record", "--detail-every", "--tensorboard")
+_ATTACH_VALUED = ("--record", "--detail-every", "--tensorboard", "--statistic")
 
 
 def _split_attach_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -918,6 +934,7 @@ def attach_command(argv: Sequence[str]) -> int:
         tensorboard=args.tensorboard,
         open_app=args.open,
         fail_on_nonfinite=args.fail_on_nonfinite,
+        statistics=args.statistics,
     )
 
 

@@ -101,3 +101,56 @@ def test_collect_synchronises_once_per_step_on_normal_vanishing_and_nan_steps():
     model[0].weight.grad[0, 0] = float("nan")
     stats = collect_strictly()
     assert stats.nonfinite and stats.nan_count[0] == 1
+
+
+def test_user_statistics_on_cuda_need_no_host_synchronisation():
+    """Issue #36: a user's parameter and forward statistics travel with the step's one
+    transfer: neither the forward (hooks armed) nor ``launch()`` synchronises, and the
+    figures equal plain torch's."""
+    import gradscope
+
+    class GradRMS(gradscope.Statistic):
+        name = "grad_rms"
+        combine = "max"
+        every = 1
+
+        def parameter(self, grad, weight):
+            return grad.float().pow(2).mean().sqrt()
+
+    class OutRMS(gradscope.Statistic):
+        name = "out_rms"
+        every = 1
+
+        def output(self, module, output):
+            return output.float().pow(2).mean().sqrt()
+
+    torch.manual_seed(0)
+    # Large layers (fused reads) and 40 small ones of one shape (stacked reads).
+    model = nn.Sequential(
+        nn.Linear(64, 96), *[nn.Linear(8, 8) if i else nn.Linear(96, 8) for i in range(40)]
+    ).cuda()
+    # replay=False: the step capture's own check is test_watch_launch_does_not_synchronise's.
+    watch = gradscope.watch(model, statistics=[GradRMS(), OutRMS()], replay=False)
+    x = torch.randn(16, 64, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = model(x).square().mean()
+        loss.backward()
+        transfers = watch.launch(loss)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    stats = watch.resolve(transfers)
+    modules = dict(model.named_modules())
+    expected = [
+        max(float(p.grad.double().square().mean().sqrt()) for p in modules[layer.name].parameters())
+        for layer in watch.layers
+    ]
+    np.testing.assert_allclose(stats.figures["grad_rms"], expected, rtol=1e-5)
+    outputs, h = [], x
+    with torch.no_grad():
+        for module in model:
+            h = module(h)
+            outputs.append(float(h.double().square().mean().sqrt()))
+    np.testing.assert_allclose(stats.figures["out_rms"], outputs, rtol=1e-5)
+    watch.close()

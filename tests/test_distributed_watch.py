@@ -12,6 +12,7 @@ from models.distributed_workers import (
     fsdp1_statistics,
     fsdp2_on_cuda,
     fsdp2_statistics,
+    fsdp2_user_statistics,
     hsdp_statistics,
     start_workers,
 )
@@ -150,3 +151,16 @@ def test_fsdp2_statistics_equal_an_unsharded_copy_with_one_collective(tmp_path):
         check_sharded_run(facts)
         origin = facts["more"]["fsdp_origin"]
         assert origin["phase"] == "unknown" and "FSDP" in origin["details"]["reason"]
+
+
+def test_fsdp2_user_statistics_reduce_over_ranks_as_their_combine_says(tmp_path):
+    """sum, max and rss reduced over the shards equal the unsharded reference's; a "mean"
+    is reduced as a sum and a count (issue #36)."""
+    for facts in run_workers(fsdp2_user_statistics, tmp_path):
+        for step, differences in enumerate(facts["steps"]):
+            for name in ("grad_sum", "grad_max", "grad_l2"):
+                assert differences[name] < 1e-5, (step, name, differences)
+            if step % 2:
+                assert differences["weight_dims"] is None, (step, differences)
+            else:
+                assert differences["weight_dims"] < 1e-9, (step, differences)

@@ -1,6 +1,7 @@
-"""A detail statistic is one small class and one line of registration
-(gradscope.core.watch.statistics): registered, it is read on every detail step, from large
-tensors (fused, on a CPU per tensor too) and from stacked small ones alike."""
+"""A statistic in the batched form (the built-ins' own: fused calls over a group's large
+tensors, one stacked batch over its small ones) is one small class: given to the watch, it
+is read on its steps from large tensors (fused, on a CPU per tensor too) and from stacked
+small ones alike."""
 
 import numpy as np
 import pytest
@@ -8,17 +9,15 @@ import torch
 from torch import nn
 
 import gradscope
-import gradscope.core.watch.statistics as registered
 from gradscope.core.watch import figures as tensor_reads
-from gradscope.core.watch.statistics import Statistic
+from gradscope.core.watch.statistics import BUILT_INS, Statistic
 
 
 class ZeroCount(Statistic):
-    """How many elements of each gradient are exactly 0 (dead units), as a test would add
-    it: this class and one line in DETAIL."""
+    """How many elements of each gradient are exactly 0 (dead units), read in batches."""
 
     name = "zeros"
-    per_layer = "sum"
+    combine = "sum"
     scale_power = 0
 
     def fused(self, grads, params, *, per_tensor, sizes):
@@ -37,12 +36,11 @@ def _model() -> nn.Module:
 
 
 @pytest.mark.parametrize("path", ["per-tensor", "fused"])
-def test_a_registered_statistic_is_read_on_detail_steps(monkeypatch, path):
-    monkeypatch.setattr(registered, "DETAIL", (*registered.DETAIL, ZeroCount()))
+def test_a_batched_statistic_is_read_on_its_steps(monkeypatch, path):
     if path == "fused":
         monkeypatch.setattr(tensor_reads, "PER_TENSOR_DEVICES", ())
     model = _model()
-    watch = gradscope.watch(model, detail_every=2)
+    watch = gradscope.watch(model, detail_every=2, statistics=[ZeroCount()])
     assert any(g.stacked for g in watch.binding.groups)
     assert any(not g.stacked for g in watch.binding.groups)
     x = torch.randn(8, 16)
@@ -72,5 +70,12 @@ def test_a_registered_statistic_is_read_on_detail_steps(monkeypatch, path):
     watch.close()
 
 
-def test_the_built_in_statistics_are_registered_in_the_exchange_order():
-    assert [s.name for s in registered.DETAIL] == list(registered.BUILT_IN)
+def test_the_built_in_statistics_are_listed_in_reading_order():
+    assert [s.name for s in BUILT_INS] == [
+        "grad_norm",
+        "nan_count",
+        "inf_count",
+        "weight_norm",
+        "max_abs",
+        "update_ratio",
+    ]

@@ -32,6 +32,7 @@ from gradscope.core.rng import RandomState, capture_random_state, restore_random
 from gradscope.core.settings import RunSettings
 from gradscope.core.trace import TraceEvent, trace_step
 from gradscope.core.watch import GradientWatch, StepStats
+from gradscope.core.watch.statistic_loader import load_statistics
 
 
 @dataclass
@@ -262,6 +263,7 @@ class StepRunner:
             update_ratio=self.settings.update_ratio,
             scaler=self.scaler,
             detail_every=self.settings.detail_every,
+            statistics=load_statistics(self.settings.statistics),
         )
 
     def set_layers(self, layers: list[str] | None) -> None:

@@ -43,6 +43,8 @@ class RunSettings:
     # max |g|, weight norm and update ratio every k-th step (1: every step; gradscope run and
     # the app are short diagnostic runs, so every step by default).
     detail_every: int = 1
+    # The user's statistics, as MODULE:CLASS (gradscope.core.watch.statistic_loader).
+    statistics: list[str] | None = None
     trace: bool = False
     rewind_depth: int = 0
     # hf: models: tokens per sequence; hf:/timm: models: config overrides (--config k=v).

@@ -24,7 +24,7 @@ class LightningGradScope(CallbackViews):
     statistics (``gradscope/grad_norm/<layer>``...) to the Trainer's own loggers at its
     global step; ``tensorboard="DIR"`` writes them to a TensorBoard folder of their own.
     Other keyword arguments go to ``gradscope.watch`` (``explode_threshold``,
-    ``vanish_threshold``, ``update_ratio``...).
+    ``vanish_threshold``, ``update_ratio``, ``statistics=[...]`` of your own...).
 
     Statistics are taken in ``on_before_optimizer_step``: after backward (and, with
     gradient accumulation, after the last micro-batch's backward: once per optimizer step),

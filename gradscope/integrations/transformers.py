@@ -39,7 +39,8 @@ class GradScopeCallback(CallbackViews, TrainerCallback):
     (``gradscope-2.gsrec``... when an earlier run's is there). ``layers``: module names or
     glob patterns of the model (default: every module with parameters). ``detail_every``:
     passed to the watch. ``open_app=True`` opens the app on the recording as training
-    starts. Other keyword arguments go to ``gradscope.watch``.
+    starts. Other keyword arguments go to ``gradscope.watch`` (``statistics=[...]`` of your
+    own among them).
 
     Statistics are taken once per optimizer step, after the last micro-batch's backward
     under gradient accumulation, with the gradients averaged over DDP processes and

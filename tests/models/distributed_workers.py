@@ -495,3 +495,95 @@ def fsdp2_on_cuda(rank: int, world: int, port: int, out: str) -> None:
         facts.update(_compare(got, expected))
     Path(out, f"facts{rank}.json").write_text(json.dumps(facts))
     finish()
+
+
+def _user_statistics() -> list:
+    """A user's statistics of each combine that reduces over ranks (issue #36)."""
+    import gradscope
+
+    class GradSum(gradscope.Statistic):
+        name = "grad_sum"
+        combine = "sum"
+        every = 1
+
+        def parameter(self, grad, weight):
+            return grad.sum()
+
+    class GradMax(gradscope.Statistic):
+        name = "grad_max"
+        combine = "max"
+        every = 1
+
+        def parameter(self, grad, weight):
+            return grad.abs().amax()
+
+    class GradNorm2(gradscope.Statistic):
+        name = "grad_l2"
+        combine = "rss"
+        every = 1
+
+        def parameter(self, grad, weight):
+            return torch.linalg.vector_norm(grad)
+
+    class WeightDims(gradscope.Statistic):
+        # The same on every part of a parameter: a "mean" over parts and parameters is then
+        # the sharded watch's and the reference's alike (2 for a weight, 1 for a bias).
+        name = "weight_dims"
+        combine = "mean"
+        every = 2
+
+        def parameter(self, grad, weight):
+            return weight.new_full((), float(weight.dim()))
+
+    return [GradSum(), GradMax(), GradNorm2(), WeightDims()]
+
+
+def fsdp2_user_statistics(rank: int, world: int, port: int, out: str) -> None:
+    """FSDP2 with uneven shards (7 and 5 rows, and a one-row layer: one rank's part is
+    empty) beside an unsharded reference on the concatenated batch, both watched with the
+    user statistics above: per step, each statistic's largest relative difference."""
+    import copy
+
+    from torch.distributed.fsdp import fully_shard
+
+    import gradscope
+
+    init(rank, world, port)
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(6, 7), nn.Tanh(), nn.Linear(7, 5), nn.Linear(5, 1))
+    model = copy.deepcopy(reference)
+    for module in model:
+        if next(module.parameters(), None) is not None:
+            fully_shard(module)
+    fully_shard(model)
+    watch = gradscope.watch(model, statistics=_user_statistics())
+    expected = gradscope.watch(reference, statistics=_user_statistics(), collectives=False)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, reference)]
+    facts: dict = {"steps": []}
+    for step in range(3):
+        generator = torch.Generator().manual_seed(10 + step)
+        x = torch.randn(4 * world, 6, generator=generator)
+        y = torch.randn(4 * world, 1, generator=generator)
+        mine = slice(4 * rank, 4 * rank + 4)
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x[mine]), y[mine])
+        loss.backward()
+        got = watch.collect(loss)
+        whole = nn.functional.mse_loss(reference(x), y)
+        whole.backward()
+        want = expected.collect(whole)
+        differences = {}
+        for name in ("grad_sum", "grad_max", "grad_l2", "weight_dims"):
+            if name not in want.figures:
+                differences[name] = None if name not in got.figures else "unexpected"
+                continue
+            a, b = got.figures[name], want.figures[name]
+            differences[name] = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
+        facts["steps"].append(differences)
+        for optimizer in optimizers:
+            optimizer.step()
+    watch.close()
+    expected.close()
+    Path(out, f"facts{rank}.json").write_text(json.dumps(facts, default=str))
+    finish()

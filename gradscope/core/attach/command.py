@@ -12,6 +12,7 @@ from gradscope.core.attach.runs_folder import default_recording_path
 from gradscope.core.attach.script import check_script, run_script
 from gradscope.core.attach.session import AttachOptions, AttachSession, say
 from gradscope.core.errors import GradScopeError
+from gradscope.core.watch.statistic_loader import load_statistic_class
 
 EXIT_NONFINITE = 1
 
@@ -26,8 +27,11 @@ def attach(
     tensorboard: str | os.PathLike[str] | None = None,
     open_app: bool = False,
     fail_on_nonfinite: bool = False,
+    statistics: Sequence[str] = (),
 ) -> int:
     check_script(script)
+    # A bad --statistic is said now, before the script runs.
+    statistic_classes = [load_statistic_class(spec) for spec in statistics]
     if detail_every is not None and detail_every < 1:
         raise GradScopeError(f"--detail-every must be >= 1, not {detail_every}")
     if tensorboard is not None:
@@ -45,6 +49,7 @@ def attach(
             tensorboard=tensorboard,
             open_app=open_app,
             source=os.path.abspath(script),
+            statistics=statistic_classes,
         )
     )
     session.start()

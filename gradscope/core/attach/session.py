@@ -51,6 +51,8 @@ class AttachOptions:
     tensorboard: str | os.PathLike[str] | None = None
     open_app: bool = False
     source: str = ""
+    # gradscope.Statistic subclasses (--statistic): each watch makes its own instances.
+    statistics: Sequence[type] = ()
 
 
 @dataclass
@@ -157,6 +159,8 @@ class AttachSession:
         options: dict[str, Any] = {}
         if self.options.detail_every is not None:
             options["detail_every"] = self.options.detail_every
+        if self.options.statistics:  # each watch its own instances
+            options["statistics"] = [kind() for kind in self.options.statistics]
         tensorboard = self._tensorboard_for(model)
         name = model_name(model)
         try:

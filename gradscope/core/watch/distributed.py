@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import torch
 
-import gradscope.core.watch.figures as tensor_reads
 from gradscope.core.facts import Origin, RankFacts
 from gradscope.core.origin import float_tensors
 from gradscope.core.sharded import KEEP, MAX, SUM, local
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.watch.binding import ParameterGroup
-from gradscope.core.watch.figures import squares_of, values_of
+from gradscope.core.watch.figures import squares_of
+from gradscope.core.watch.statistics import Statistic, StatisticError
 
 
 def shard_parts(
@@ -52,42 +52,94 @@ def queue_sharded(
     group: ParameterGroup,
     grads: list[torch.Tensor],
     params: list[torch.Tensor],
-    detail: bool,
+    reads: tuple[Statistic, ...],
     shared: list[torch.Tensor],
     kinds: list[int],
     *,
     reduce: bool = True,
+    statistics: Any = None,
 ) -> int:
     """This rank's figures of a sharded group (its parts of each gradient and weight), in
-    the layout the reads place: each gradient's sum of squares, then on detail steps each
-    weight's sum of squares and each gradient's max |g| (0 for an empty part). Sums are
-    divided by the replicas so that the sum over ranks counts each shard once.
-    ``reduce=False``: the gradients are this rank's own whole ones (FSDP1 no_sync), kept as
-    they are. Fused calls: a few kernels per group, not per parameter. Returns the count."""
+    the layout the reads place: each gradient's sum of squares, then each statistic of
+    ``reads`` over the parts (:func:`sharded_width` slots per parameter), reduced over the
+    ranks as its ``combine`` says: "sum" summed, "max" their maximum, "rss" their squares
+    summed, "mean" a sum and a count; an empty part adds nothing. Sums are divided by the
+    replicas so that the sum over ranks counts each shard once. ``reduce=False``: the
+    gradients are this rank's own whole ones (FSDP1 no_sync), kept as they are. Batched
+    calls: a few kernels per group and statistic, not per parameter. A statistic that
+    fails is told to ``statistics`` (its slots then hold 0). Returns the count."""
     count = len(grads)
-    grad_kind = SUM if reduce else KEEP
     shared.append(squares_of(grads) / group.replicas if reduce else squares_of(grads))
-    kinds += (grad_kind,) * count
-    if not detail:
+    kinds += (SUM if reduce else KEEP,) * count
+    if not reads:
         return count
-    shared.append(squares_of(params) / group.replicas)
-    nonempty = [values_of(g) for g in grads if g.numel()]
-    if not nonempty:
-        found = iter(())
-    elif nonempty[0].device.type in tensor_reads.PER_TENSOR_DEVICES:
-        # On a CPU one aminmax per tensor is about 13x faster than _foreach_norm's ord
-        # inf (measured on 40 local shards, one thread): max |g| = max(max, -min).
-        pairs = [torch.aminmax(v) for v in nonempty]
-        lows = torch.stack([pair[0] for pair in pairs])
-        highs = torch.stack([pair[1] for pair in pairs])
-        found = iter(torch.maximum(highs, -lows).unbind())
-    else:
-        found = iter(torch._foreach_norm(nonempty, float("inf")))
-    zero = grads[0].new_zeros((), dtype=nonempty[0].dtype if nonempty else torch.float32)
-    # No index tensor (a host-to-device copy): the empty parts' zeros stacked in place.
-    shared.append(torch.stack([next(found) if g.numel() else zero for g in grads]).double())
-    kinds += (SUM,) * count + (MAX if reduce else KEEP,) * count
+    nonempty = [k for k, g in enumerate(grads) if g.numel()]
+    all_there = len(nonempty) == count
+    some_grads = grads if all_there else [grads[k] for k in nonempty]
+    some_params = params if all_there else [params[k] for k in nonempty]
+    device = grads[0].device
+    for statistic in reads:
+        values = None
+        if nonempty:
+            try:
+                values = _shard_values(statistic, some_grads, some_params)
+            except Exception as error:  # a user's statistic: turned off after this step
+                if statistics is None:
+                    raise
+                statistics.failed(statistic, error)
+        if values is None:
+            values = torch.zeros(len(nonempty), dtype=torch.float64, device=device)
+        if not all_there:
+            # No index tensor (a host-to-device copy): the empty parts' zeros stacked in.
+            pieces = iter(values.unbind())
+            zero = values.new_zeros(())
+            values = torch.stack([next(pieces) if g.numel() else zero for g in grads])
+        # A figure of the weights alone (kept: it does not follow the gradients) is of
+        # shards even when the gradients are each rank's own whole ones.
+        summed = reduce or statistic.kept
+        copies = group.replicas if summed else 1
+        combine = statistic.combine
+        if combine == "max":
+            shared.append(values)
+            kinds += (MAX if summed else KEEP,) * count
+            continue
+        if combine == "rss":
+            values = values.square()
+        shared.append(values / copies)
+        kinds += (SUM if summed else KEEP,) * count
+        if combine == "mean":  # and how many parts it averages over
+            # Made on the device (no host-to-device copy): ones and zeros stacked.
+            one, zero = values.new_ones(()), values.new_zeros(())
+            present = torch.stack([one if g.numel() else zero for g in grads])
+            shared.append(present / copies)
+            kinds += (SUM if summed else KEEP,) * count
     return count
+
+
+def _shard_values(
+    statistic: Statistic, grads: list[torch.Tensor], params: list[torch.Tensor]
+) -> torch.Tensor:
+    """One float64 value per (non-empty) part, on the parts' device."""
+    values = statistic.shard_values(grads, params)
+    if not isinstance(values, torch.Tensor) or values.shape != (len(grads),):
+        raise StatisticError("did not give one value per parameter")
+    return values.double()
+
+
+def sharded_width(statistic: Statistic) -> int:
+    """Slots per parameter of a statistic in a sharded group's exchange."""
+    return 2 if statistic.combine == "mean" else 1
+
+
+def from_sharded(statistic: Statistic, values: np.ndarray, count: int) -> np.ndarray:
+    """Per-parameter figures from a sharded group's reduced slots (see queue_sharded)."""
+    if statistic.combine == "rss":
+        return np.sqrt(values)
+    if statistic.combine == "mean":
+        sums, parts = values[:count], values[count:]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(parts > 0, sums / parts, 0.0)
+    return values
 
 
 class UnreducedCheck:

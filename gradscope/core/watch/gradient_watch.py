@@ -21,13 +21,13 @@ import numpy as np
 import torch
 from torch import nn
 
-import gradscope.core.watch.statistics as registered
 from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import (
     STATUS_NONFINITE,
     STATUS_VANISHING,
     LayerInfo,
     Origin,
+    StatisticInfo,
     StepStats,
 )
 from gradscope.core.origin import float_tensors
@@ -49,8 +49,11 @@ from gradscope.core.watch.layers import (
     layer_sums,
 )
 from gradscope.core.watch.loss_scale import judge_scaled_step, scale_divisors
-from gradscope.core.watch.reads import Transfer, launch, place, without_grad
+from gradscope.core.watch.outputs import OutputReads
+from gradscope.core.watch.reads import Figures, Transfer, launch, place, without_grad
 from gradscope.core.watch.sinks import Sinks
+from gradscope.core.watch.statistic_set import StatisticSet
+from gradscope.core.watch.statistics import Statistic
 from gradscope.core.watch.status import StatusTracker, classify_step
 from gradscope.core.watch.update_ratio import UpdateRatio
 from gradscope.core.wrappers import unwrap_model
@@ -106,6 +109,12 @@ class GradientWatch:
     ``collectives=False`` to say so at once (no per-rank facts, and sharded statistics of
     this rank's shards only), or ``collectives=True`` to skip the check.
 
+    ``statistics``: figures of your own (:class:`gradscope.Statistic` instances), measured
+    beside the built-in ones on their own schedules and found in ``StepStats.figures[name]``
+    on the steps they are due (absent on the others); ``statistic_infos`` lists every
+    statistic the watch measures. One that raises or returns anything but one value is
+    turned off with one warning.
+
     ``record="runs/x.gsrec"`` adds a recording sink (``settings``: a JSON-able dict stored
     with it; ``overwrite=True`` replaces an existing recording, otherwise a new numbered name
     is chosen); ``sinks`` are further objects with ``on_step(watch, stats)`` and ``close()``.
@@ -134,6 +143,7 @@ class GradientWatch:
         sinks: Sequence[Any] = (),
         replay: bool = True,
         max_gradient_bytes: int = DEFAULT_GRADIENT_BYTES,
+        statistics: Sequence[Statistic] = (),
     ) -> None:
         self.wrapped_model = model
         model = unwrap_model(model)
@@ -150,6 +160,13 @@ class GradientWatch:
             raise GradScopeError(f"vanish_steps must be >= 1, not {vanish_steps}")
         self.vanish_steps = int(vanish_steps)
         self.statuses = StatusTracker(self.vanish_steps)
+        if isinstance(statistics, Statistic):
+            statistics = [statistics]
+        self.statistics = StatisticSet(list(statistics))
+        # The statistics this step reads (set by launch, for the step's placing).
+        self._reads: tuple[Statistic, ...] = ()
+        self._output_reads: tuple[Statistic, ...] = ()
+        self.outputs = OutputReads(self.statistics)
         if isinstance(layers, str):
             layers = [layers]
         self._layers_spec = None if layers is None else list(layers)
@@ -210,6 +227,7 @@ class GradientWatch:
             self.sinks.add(sink)
         elif settings is not None:
             raise GradScopeError("settings= is stored in a recording; pass record= too")
+        self._arm_outputs()
 
     # -- what is watched -------------------------------------------------------------------
     def rebind(self) -> None:
@@ -261,6 +279,14 @@ class GradientWatch:
         self._step = int(value)
         self.episodes.in_episode = False
         self.statuses.forget()
+        self._arm_outputs()
+
+    @property
+    def statistic_infos(self) -> list[StatisticInfo]:
+        """Every statistic this watch measures (the built-in ones, then the user's), by
+        name, with its label, combine and schedule (``every`` resolved against
+        ``detail_every``); one turned off after failing is no longer listed."""
+        return self.statistics.infos(self.detail_every, self)
 
     @property
     def on_every_rank(self) -> bool:
@@ -296,13 +322,22 @@ class GradientWatch:
         return cached[1]
 
     # -- collection ------------------------------------------------------------------------
-    def _detail_due(self) -> bool:
-        return self._step % self.detail_every == 0
+    def _arm_outputs(self) -> None:
+        """Hook the watched modules' forward for the next step when a forward statistic is
+        due then; otherwise no hook at all."""
+        if self.statistics.has_outputs or self.outputs.armed:
+            due = self.statistics.output_reads(self._step, self.detail_every)
+            self.outputs.arm(self.model, self.layers, due)
 
     def launch(self, loss: Any = None, *, batch: Any = None) -> list[Transfer]:
         """Queue every statistic's computation and the device-to-host copies; no host
         synchronisation happens here (see gradscope.core.watch.reads)."""
-        return launch(self, loss, batch, detail=self._detail_due(), facts=True)
+        self._reads = self.statistics.parameter_reads(self._step, self.detail_every)
+        outputs = None
+        self._output_reads = self.outputs.due if self.outputs.armed else ()
+        if self._output_reads:
+            outputs = self.outputs.take()
+        return launch(self, loss, batch, reads=self._reads, facts=True, outputs=outputs)
 
     def collect(
         self,
@@ -339,6 +374,7 @@ class GradientWatch:
             self._follow(stats, locate, batch)
         if self.replay is not None:  # the next forward is a new step
             self.replay.step_collected()
+        self._arm_outputs()
         self.sinks.on_step(self, stats)
         return stats
 
@@ -453,7 +489,9 @@ class GradientWatch:
         # Not under sharding: reading a sharded scale would be a collective of its own.
         tiny_reasons = self._tiny_reasons(status) if changed and not binding.sharded else None
         per_param = figures.per_param
-        if not figures.detail and (trouble or changed or nonfinite):
+        reads = self._reads
+        more = self.statistics.trouble_reads(reads)
+        if more and (trouble or changed or nonfinite):
             # A step that goes wrong or changes status always gets the detail: read it now.
             # Sharded groups too (one more collective), when every rank takes this decision
             # from the same reduced figures; with mixed sharding they had it already.
@@ -463,7 +501,7 @@ class GradientWatch:
                     self,
                     None,
                     None,
-                    detail=True,
+                    reads=more,
                     facts=False,
                     sharded=not (binding.mixed_sharding or self.unreduced),
                 ),
@@ -472,24 +510,9 @@ class GradientWatch:
             for name, values in again.per_param.items():
                 before = per_param.get(name)
                 per_param[name] = np.where(read, values, 0.0 if before is None else before)
-            figures.detail = True
+            reads = reads + more
         self.statuses.keep(statuses)
-        per_layer: dict[str, np.ndarray] = {}
-        if figures.detail:
-            with np.errstate(over="ignore", invalid="ignore"):
-                for statistic in registered.DETAIL:
-                    name = statistic.name
-                    values = self.kept_figures.get(name) if statistic.kept else per_param.get(name)
-                    if values is None:  # no gradient at all this step
-                        values = np.zeros(len(param_norm))
-                    if statistic.scale_power and figures.scale is not None:
-                        values = values / divisor**statistic.scale_power
-                    if statistic.per_layer == "max":
-                        per_layer[name] = layer_max(binding, values)
-                    elif statistic.per_layer == "sum":
-                        per_layer[name] = layer_sums(binding, values)
-                    else:
-                        per_layer[name] = layer_norms(binding, values)[0]
+        per_layer = self._per_layer(figures, reads, divisor)
         stats = StepStats(
             step=self._step,
             loss=loss_value,
@@ -516,6 +539,53 @@ class GradientWatch:
         self._collected += 1
         self.last = stats
         return stats
+
+    def _per_layer(
+        self, figures: Figures, reads: tuple[Statistic, ...], divisor: Any
+    ) -> dict[str, np.ndarray]:
+        """Each statistic read at this step, per layer (its parameters' figures combined as
+        it says; a forward statistic's are per layer already); a statistic that failed at
+        this step is left out, and turned off."""
+        failed = self.statistics.settle()
+        binding = self.binding
+        per_param = figures.per_param
+        n_params = len(figures.param_norm)
+        per_layer: dict[str, np.ndarray] = {}
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for statistic in reads:
+                name = statistic.name
+                if name in failed:
+                    continue
+                values = self.kept_figures.get(name) if statistic.kept else per_param.get(name)
+                if values is None:  # no gradient at all this step
+                    values = np.zeros(n_params)
+                if statistic.scale_power and figures.scale is not None:
+                    values = values / divisor**statistic.scale_power
+                combine = statistic.combine
+                if combine == "max":
+                    per_layer[name] = layer_max(binding, values)
+                elif combine == "sum":
+                    per_layer[name] = layer_sums(binding, values)
+                elif combine == "mean":
+                    counted = (
+                        np.ones(n_params) if statistic.kept else figures.with_grad().astype(float)
+                    )
+                    parts = layer_sums(binding, counted)
+                    per_layer[name] = np.where(
+                        parts > 0, layer_sums(binding, values) / np.maximum(parts, 1), 0.0
+                    )
+                else:
+                    per_layer[name] = layer_norms(binding, values)[0]
+            if self._output_reads:
+                layers = len(self.layers)
+                for statistic in self._output_reads:
+                    if statistic.name not in failed:
+                        per_layer[statistic.name] = np.zeros(layers)
+                for slots, values in figures.outputs:
+                    for (name, index), value in zip(slots, values.tolist(), strict=True):
+                        if name in per_layer and index < layers:
+                            per_layer[name][index] = value
+        return per_layer
 
     def _tiny_reasons(self, status: np.ndarray) -> dict[str, str] | None:
         """Why the layers that turn vanishing at this step (a status change: rare) have a
@@ -554,6 +624,7 @@ class GradientWatch:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            self.outputs.disarm()
             if self.replay is not None:
                 self.replay.close()
 

@@ -33,17 +33,18 @@ import numpy as np
 import torch
 
 import gradscope.core.watch.figures as tensor_reads
-import gradscope.core.watch.statistics as registered
 from gradscope.core.facts import RankFacts
 from gradscope.core.origin import loss_from_output
 from gradscope.core.sharded import FACT_SLOTS
 from gradscope.core.watch.binding import Binding, ParameterGroup
 from gradscope.core.watch.distributed import (
     UnreducedCheck,
+    from_sharded,
     queue_sharded,
     rank_facts,
     read_rank_facts,
     shard_parts,
+    sharded_width,
 )
 from gradscope.core.watch.figures import (
     accumulation_dtype,
@@ -53,7 +54,8 @@ from gradscope.core.watch.figures import (
 )
 from gradscope.core.watch.host import HostCopy, start_host_copy
 from gradscope.core.watch.loss_scale import scale_tensor
-from gradscope.core.watch.statistics import BUILT_IN, Statistic, by_name
+from gradscope.core.watch.statistic_set import StatisticSet
+from gradscope.core.watch.statistics import Statistic, StatisticError
 from gradscope.core.watch.update_ratio import UpdateRatio
 
 
@@ -72,6 +74,7 @@ class Reader(Protocol):
     weight_norm: np.ndarray
     # Detail figures a parameter keeps between steps (the weights'), by statistic name.
     kept_figures: dict[str, np.ndarray]
+    statistics: StatisticSet
 
     def rebind(self) -> None: ...
 
@@ -86,13 +89,13 @@ class Entry:
 
     ``present``: positions (in the group) of the parameters that have a gradient this step,
     None when all of them do. Layout: the gradient figures (norms; sums of squares with
-    ``grads_squared``: stacked and sharded groups), then on detail steps each detail
-    statistic's figures in ``reads`` order, ``(statistic, width)``: ``width`` slots per
-    parameter, from the statistic's fused read (``fused``, a group of large tensors) or its
-    stacked one. Unwatched entries hold gradient figures only (sums of squares with
-    ``squared``). ``tiny``: the bound under which a float32 norm may have lost squares (0:
-    exact). ``target``: where the figures go in the per-parameter arrays (a slice when the
-    positions run on), made once with the entry.
+    ``grads_squared``: stacked and sharded groups), then each statistic read at this step,
+    in ``reads`` order, ``(statistic, width)``: ``width`` slots per parameter, from the
+    statistic's fused read (``fused``, a group of large tensors), its stacked one, or the
+    sharded exchange (``sharded``). Unwatched entries hold gradient figures only (sums of
+    squares with ``squared``). ``tiny``: the bound under which a float32 norm may have lost
+    squares (0: exact). ``target``: where the figures go in the per-parameter arrays (a
+    slice when the positions run on), made once with the entry.
     """
 
     kind: str
@@ -106,8 +109,11 @@ class Entry:
     detail: bool = True
     reads: tuple[tuple[Statistic, int], ...] = ()
     fused: bool = False
+    sharded: bool = False
     per_tensor: bool = False
     target: Any = None
+    # Forward statistics' figures: (statistic name, layer index) of each slot.
+    slots: tuple[tuple[str, int], ...] = ()
 
     def aim(self) -> Entry:
         """Work out where the figures go, once (entries are kept per kind of step)."""
@@ -161,6 +167,9 @@ class Figures:
     loss: float | None = None
     scale: float | None = None
     ranks: RankFacts | None = None
+    # Forward statistics: what each value is ((statistic name, layer index) per slot) and
+    # the values, by device.
+    outputs: list[tuple[tuple[tuple[str, int], ...], np.ndarray]] = field(default_factory=list)
 
     def with_grad(self) -> np.ndarray:
         """Per parameter, whether it has a gradient this step."""
@@ -206,14 +215,57 @@ def _present(group: ParameterGroup) -> tuple[list[int] | None, list, list]:
     return present, found, [params[i] for i in present]
 
 
+def _stacked_read(
+    statistic: Statistic, grads: list, params: list, statistics: StatisticSet
+) -> torch.Tensor:
+    """One value per parameter of a stacked group; zeros when the statistic fails (it is
+    told to ``statistics``, and turned off after the step)."""
+    try:
+        values = statistic.stacked(grads, params)
+        if not isinstance(values, torch.Tensor) or values.shape != (len(grads),):
+            raise StatisticError("did not give one value per parameter")
+        if values.device != grads[0].device or values.is_complex():
+            raise StatisticError(f"gave a {values.dtype} tensor on {values.device}")
+        return values.detach()
+    except Exception as error:
+        statistics.failed(statistic, error)
+        return torch.zeros(len(grads), device=grads[0].device)
+
+
+def _fused_read(
+    statistic: Statistic,
+    grads: list,
+    params: list,
+    statistics: StatisticSet,
+    *,
+    per_tensor: bool,
+    sizes: tuple[int, ...] | None,
+) -> list[torch.Tensor]:
+    """A statistic's 0-d figures of a group of large tensors; zeros when it fails."""
+    width = statistic.width(per_tensor) * len(grads)
+    try:
+        found = statistic.fused(grads, params, per_tensor=per_tensor, sizes=sizes)
+        if len(found) != width:
+            raise StatisticError("did not give one value per parameter")
+        return found
+    except Exception as error:
+        statistics.failed(statistic, error)
+        return [torch.zeros((), device=grads[0].device)] * width
+
+
 def _queue_stacked(
-    group: ParameterGroup, present, grads: list, params: list, detail: bool, device: _Device
+    group: ParameterGroup,
+    present,
+    grads: list,
+    params: list,
+    reads: tuple[Statistic, ...],
+    device: _Device,
+    statistics: StatisticSet,
 ) -> None:
     device.vectors.append(stacked_squares(grads))
-    if detail:
-        for statistic in registered.DETAIL:
-            device.vectors.append(statistic.stacked(grads, params))
-    key = ("stacked", detail, None if present is None else tuple(present))
+    for statistic in reads:
+        device.vectors.append(_stacked_read(statistic, grads, params, statistics))
+    key = ("stacked", reads, None if present is None else tuple(present))
     device.vector_entries.append(
         _entry(
             group,
@@ -224,15 +276,21 @@ def _queue_stacked(
                 present,
                 count=len(grads),
                 grads_squared=True,
-                detail=detail,
-                reads=tuple((statistic, 1) for statistic in registered.DETAIL) if detail else (),
+                detail=bool(reads),
+                reads=tuple((statistic, 1) for statistic in reads),
             ),
         )
     )
 
 
 def _queue_large(
-    group: ParameterGroup, present, grads: list, params: list, detail: bool, device: _Device
+    group: ParameterGroup,
+    present,
+    grads: list,
+    params: list,
+    reads: tuple[Statistic, ...],
+    device: _Device,
+    statistics: StatisticSet,
 ) -> None:
     if group.sparse_capable:
         grads = [values_of(g) for g in grads]
@@ -240,17 +298,19 @@ def _queue_large(
     # One fused call reads the gradients' norms: plain and detail steps give the same
     # norms, bit for bit.
     device.scalars += torch._foreach_norm(grads, 2, dtype=accumulation_dtype(sample))
-    per_tensor = detail and sample.device.type in tensor_reads.PER_TENSOR_DEVICES
-    if detail:
+    per_tensor = bool(reads) and sample.device.type in tensor_reads.PER_TENSOR_DEVICES
+    if reads:
         if group.sparse_capable:
             sizes = None
         elif present is None:
             sizes = group.sizes
         else:
             sizes = tuple(group.sizes[i] for i in present)
-        for statistic in registered.DETAIL:
-            device.scalars += statistic.fused(grads, params, per_tensor=per_tensor, sizes=sizes)
-    key = ("large", detail, None if present is None else tuple(present), per_tensor)
+        for statistic in reads:
+            device.scalars += _fused_read(
+                statistic, grads, params, statistics, per_tensor=per_tensor, sizes=sizes
+            )
+    key = ("large", reads, None if present is None else tuple(present), per_tensor)
     device.scalar_entries.append(
         _entry(
             group,
@@ -261,8 +321,8 @@ def _queue_large(
                 present,
                 count=len(params),
                 tiny=tiny_bound(sample),
-                detail=detail,
-                reads=tuple((s, s.width(per_tensor)) for s in registered.DETAIL) if detail else (),
+                detail=bool(reads),
+                reads=tuple((s, s.width(per_tensor)) for s in reads),
                 fused=True,
                 per_tensor=per_tensor,
             ),
@@ -275,16 +335,19 @@ def launch(
     loss: Any,
     batch: Any,
     *,
-    detail: bool,
+    reads: tuple[Statistic, ...],
     facts: bool,
     sharded: bool = True,
+    outputs: Any = None,
 ) -> list[Transfer]:
-    """Queue the step's figures and their copies to the host. ``facts``: the step's first
-    read (the per-rank facts, the loss scale, the update ratio's pending sums travel with
-    it). ``sharded=False``: leave the sharded groups out (a second read of a step, which
-    must run no collective: their figures came complete with the first)."""
+    """Queue the step's figures and their copies to the host: every gradient's norm, and
+    the statistics of ``reads`` (those due at this step). ``facts``: the step's first read
+    (the per-rank facts, the loss scale, the update ratio's pending sums and the forward
+    statistics' figures, ``outputs``, travel with it). ``sharded=False``: leave the sharded
+    groups out (a second read of a step, which must run no collective: their figures came
+    complete with the first)."""
     return without_grad(
-        _launch, watch, loss, batch, detail=detail, facts=facts, sharded=sharded
+        _launch, watch, loss, batch, reads=reads, facts=facts, sharded=sharded, outputs=outputs
     )
 
 
@@ -309,9 +372,10 @@ def _launch(
     loss: Any,
     batch: Any,
     *,
-    detail: bool,
+    reads: tuple[Statistic, ...],
     facts: bool,
     sharded: bool,
+    outputs: Any,
 ) -> list[Transfer]:
     loss = None if loss is None else loss_from_output(loss)
     if watch.binding.parameters_replaced(watch.model):
@@ -332,7 +396,15 @@ def _launch(
         # figures. Every rank sends the same slots.
         count = update.send(shared, shared_kinds)
         shared_layout.append(Entry("update", count=count))
-    copy_weights = watch.update_ratio_enabled and detail
+    statistics = watch.statistics
+    # The update ratio is measured against the weight norms of its step.
+    copy_weights = watch.update_ratio_enabled and any(s.name == "weight_norm" for s in reads)
+    # Without a sharded second read (mixed sharding, or each rank's own unreduced gradients:
+    # statuses that may differ) sharded groups read what a step that goes wrong needs on
+    # every step.
+    sharded_reads = reads
+    if binding.mixed_sharding or watch.unreduced:
+        sharded_reads = reads + statistics.trouble_reads(reads)
     if copy_weights:
         update.start()
     elif facts:
@@ -341,14 +413,18 @@ def _launch(
         if group.sharded:
             if not sharded:
                 continue
-            # Without sharded detail on a second read (mixed sharding, or each rank's own
-            # unreduced gradients: statuses that may differ) every step has it.
-            full = detail or binding.mixed_sharding or watch.unreduced
             present, grads, params = shard_parts(group)
             if not grads:
                 continue
             count = queue_sharded(
-                group, grads, params, full, shared, shared_kinds, reduce=not watch.unreduced
+                group,
+                grads,
+                params,
+                sharded_reads,
+                shared,
+                shared_kinds,
+                reduce=not watch.unreduced,
+                statistics=statistics,
             )
             shared_layout.append(
                 Entry(
@@ -357,8 +433,9 @@ def _launch(
                     present,
                     count,
                     grads_squared=True,
-                    detail=full,
-                    reads=_SHARDED_READS if full else (),
+                    detail=bool(sharded_reads),
+                    reads=tuple((s, sharded_width(s)) for s in sharded_reads),
+                    sharded=True,
                 ).aim()
             )
         else:
@@ -370,9 +447,9 @@ def _launch(
             if device is None:
                 device = devices[where] = _Device()
             if group.stacked:
-                _queue_stacked(group, present, grads, params, detail, device)
+                _queue_stacked(group, present, grads, params, reads, device, statistics)
             else:
-                _queue_large(group, present, grads, params, detail, device)
+                _queue_large(group, present, grads, params, reads, device, statistics)
         if copy_weights:
             indices = group.index_array if present is None else group.index_array[present]
             update.copy(
@@ -386,7 +463,7 @@ def _launch(
             if not grads:
                 continue
             # The gradients' sums of squares alone, as a watched group's plain step.
-            queue_sharded(group, grads, [], False, shared, shared_kinds, reduce=not watch.unreduced)
+            queue_sharded(group, grads, [], (), shared, shared_kinds, reduce=not watch.unreduced)
             if present is None:
                 present = list(range(len(group.params)))
             shared_layout.append(Entry("unwatched", group, present, len(present), squared=True))
@@ -421,6 +498,11 @@ def _launch(
         device = devices.setdefault(loss.device, _Device())
         device.scalars.append(value.real if value.is_complex() else value)
         device.scalar_entries.append(_LOSS)
+    if outputs:
+        for where, (slots, values) in outputs.items():
+            device = devices.setdefault(where, _Device())
+            device.scalars += values
+            device.scalar_entries.append(Entry("outputs", count=len(values), slots=slots))
     with_facts = facts and watch.exchange is not None
     if shared or with_facts:
         fact_pieces = rank_facts(loss, batch, watch.fact_device()) if with_facts else []
@@ -443,9 +525,6 @@ def _launch(
     ]
 
 
-# A sharded group's detail, as the exchange lays it out (gradscope.core.watch.distributed):
-# the weights' sums of squares, then max |g|.
-_SHARDED_READS = tuple((by_name(name), 1) for name in BUILT_IN)
 _LOSS = Entry("loss")
 _SCALE = Entry("scale")
 
@@ -480,6 +559,10 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
             if kind == "update":
                 watch.update.receive(watch.binding, values[cursor : cursor + entry.count + 1])
                 cursor += entry.count + 1
+                continue
+            if kind == "outputs":
+                figures.outputs.append((entry.slots, values[cursor : cursor + entry.count]))
+                cursor += entry.count
                 continue
             if kind == "ranks":
                 size = FACT_SLOTS * entry.count
@@ -518,11 +601,12 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
                 size = width * count
                 raw = values[cursor : cursor + size]
                 cursor += size
-                found = (
-                    statistic.from_fused(raw, entry.per_tensor)
-                    if entry.fused
-                    else statistic.from_stacked(raw)
-                )
+                if entry.fused:
+                    found = statistic.from_fused(raw, entry.per_tensor)
+                elif entry.sharded:
+                    found = from_sharded(statistic, raw, count)
+                else:
+                    found = statistic.from_stacked(raw)
                 name = statistic.name
                 if statistic.kept:
                     store = kept.get(name)
@@ -535,12 +619,12 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
                 store[target] = found
                 if name == "max_abs":
                     maxima = found
-            if (
-                entry.tiny
-                and maxima is not None
-                and count
-                and np.minimum.reduce(maxima) < entry.tiny
-            ):
+            if not entry.tiny or not count:
+                continue
+            if maxima is None:  # max |g| not read at this step: the norm says it
+                if np.minimum.reduce(grad_figures) < entry.tiny:
+                    figures.imprecise.append(_positions(target)[grad_figures < entry.tiny])
+            elif np.minimum.reduce(maxima) < entry.tiny:
                 # Squares of elements this small underflow: the sum is not exact.
                 low = (maxima > 0) & (maxima < entry.tiny)
                 if low.any():

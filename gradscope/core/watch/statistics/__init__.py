@@ -1,28 +1,53 @@
-"""The statistics a detail step reads besides the gradient norms (every ``detail_every``-th
-step, and any step that goes wrong or changes a status), one module each.
+"""The statistics a watch measures, one module each, all by one protocol
+(:class:`Statistic`, public as ``gradscope.Statistic``).
 
-A new statistic is one module here, a subclass of :class:`Statistic` that says how to read
-it from a group's large tensors (fused calls) and from a stacked batch of small ones, and
-how a layer's figure follows from its parameters'; and one line in ``DETAIL`` below. The
-reads, the placing and the per-layer figures then come for it with every detail step:
-``StepStats.figures[name]`` (the built-in ones keep their own fields, ``weight_norm`` and
-``max_abs``). Sharded groups (FSDP) read the built-in ones only (gradscope.core.watch.
-distributed reduces them over the ranks).
+A new built-in statistic is one module here, a subclass of :class:`Statistic` that says how
+to read it (one parameter at a time, or batched: from a group's large tensors by fused calls
+and from a stacked batch of small ones) and how a layer's figure follows from its
+parameters' (``combine``); and one line in ``BUILT_INS`` below. The reads, the placing, the
+schedule and the per-layer figures then come for it: ``StepStats.figures[name]`` on the
+steps it is due (the ones listed in ``FIELDS`` have a field of their own in StepStats).
+Users pass theirs to ``gradscope.watch(model, statistics=[...])``; they go the same way.
 """
 
-from gradscope.core.watch.statistics.base import Statistic
+from gradscope.core.watch.statistics.base import COMBINES, Statistic, StatisticError
+from gradscope.core.watch.statistics.grad_norm import GradNorm
 from gradscope.core.watch.statistics.max_abs import MaxAbs
+from gradscope.core.watch.statistics.nonfinite_counts import InfCount, NanCount
+from gradscope.core.watch.statistics.update_ratio import UpdateRatio
 from gradscope.core.watch.statistics.weight_norm import WeightNorm
 
-# In reading order; the sharded exchange sends the built-in ones in this order too.
-DETAIL: tuple[Statistic, ...] = (WeightNorm(), MaxAbs())
-# Those with a field of their own in StepStats (the rest go to StepStats.figures), in the
-# order a sharded group's exchange sends them (gradscope.core.watch.distributed).
-BUILT_IN = ("weight_norm", "max_abs")
+# Every built-in statistic, in reading order (a sharded group's exchange sends the batched
+# ones in this order too).
+BUILT_INS: tuple[Statistic, ...] = (
+    GradNorm(),
+    NanCount(),
+    InfCount(),
+    WeightNorm(),
+    MaxAbs(),
+    UpdateRatio(),
+)
+# Those with a field of their own in StepStats (the others go to StepStats.figures).
+FIELDS = frozenset(
+    {"grad_norm", "nan_count", "inf_count", "weight_norm", "max_abs", "update_ratio"}
+)
 
 
 def by_name(name: str) -> Statistic:
-    return next(s for s in DETAIL if s.name == name)
+    return next(s for s in BUILT_INS if s.name == name)
 
 
-__all__ = ["BUILT_IN", "DETAIL", "MaxAbs", "Statistic", "WeightNorm", "by_name"]
+__all__ = [
+    "BUILT_INS",
+    "COMBINES",
+    "FIELDS",
+    "GradNorm",
+    "InfCount",
+    "MaxAbs",
+    "NanCount",
+    "Statistic",
+    "StatisticError",
+    "UpdateRatio",
+    "WeightNorm",
+    "by_name",
+]

@@ -1,32 +1,93 @@
-"""What a detail statistic is: one figure per parameter, read by batched calls, and how a
-layer's figure follows from its parameters' (see gradscope.core.watch.statistics)."""
+"""What a statistic is: the public protocol (``gradscope.Statistic``) that users and the
+built-in statistics alike implement (see gradscope.core.watch.statistics)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 
+from gradscope.core.facts import StatisticInfo
+
+COMBINES = ("sum", "max", "rss", "mean")
+
+
+class StatisticError(Exception):
+    """A statistic's read raised or gave something that is not one value: the watch turns
+    that statistic off (one warning naming it) and training goes on."""
+
 
 class Statistic:
-    """One figure per parameter, read on detail steps.
+    """A per-layer figure of your own, measured by the watch beside its built-in ones.
 
-    ``name``: its key (``StepStats.figures[name]``, or a built-in field). ``per_layer``:
-    ``"l2"`` (a layer's figure is the root of its parameters' sums of squares), ``"max"`` or
-    ``"sum"`` (a count).
-    ``scale_power``: how the figure follows the gradients' scale (1 for a norm or max |g| of
-    the gradient, 0 for the weights'): under a loss scaler the figures of still-scaled
-    gradients are divided by the scale to this power. ``kept``: a parameter without a
-    gradient this step keeps its last figure (the weights of a frozen layer do not change).
+    Subclass it and set ``name`` (the key in ``StepStats.figures``, recordings, JSON, CSV
+    and tags), ``label`` (what the app's selector shows), ``combine`` (how a layer's figure
+    follows from its parameters': ``"sum"``, ``"max"``, ``"rss"``, the root of their summed
+    squares, or ``"mean"``) and ``every`` (measured at steps 0, every, 2*every, ...; None:
+    the watch's ``detail_every``). Then define one of:
 
-    Each read is batched over the group: no call per tensor on the device, no host
-    synchronisation (the step's one transfer brings every figure).
+    - ``parameter(self, grad, weight)``: one parameter's figure from its gradient and weight,
+      as a 0-d tensor on their device (never ``.item()``: the watch brings every figure of a
+      step to the host in one transfer);
+    - ``output(self, module, output)``: one watched module's figure from its forward output
+      (a detached tensor), hooked only on the steps it is due.
+
+    A statistic that raises or returns anything but one value is turned off, with one
+    warning naming it; training goes on.
+
+    ``scale_power``: how a parameter statistic follows the gradients' scale under a loss
+    scaler (1, the default, for a figure of the gradient such as a norm or an RMS; 0 for one
+    that does not change with it, such as a count or a weight's figure): figures of
+    still-scaled gradients are divided by the scale to this power.
+
+    The batched form (:meth:`fused`, :meth:`stacked`) reads a whole group of parameters at
+    once; by default it calls :meth:`parameter` for each. The built-in statistics override
+    it with fused calls (the gradient norm is one ``torch._foreach_norm`` over every
+    gradient).
     """
 
     name: str = ""
-    per_layer: str = "l2"
+    label: str = ""
+    combine: str = "rss"
+    every: int | None = None
     scale_power: int = 1
+    # A parameter without a gradient this step keeps its last figure (a frozen layer's
+    # weights do not change).
     kept: bool = False
+    # Also read on a step that goes wrong or changes a layer's status, whatever its schedule
+    # (the built-in detail that explains such a step).
+    on_trouble: bool = False
+    # The watch's own path reads it (the gradient norm every step, the NaN/Inf counts, the
+    # update ratio after the optimizer), not the batched reads of this protocol.
+    read_by_watch: bool = False
+    # A watch option that must be on for it to be measured (say, "update_ratio_enabled").
+    option: str | None = None
 
+    def parameter(self, grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """One parameter's figure, a 0-d tensor on its device."""
+        raise NotImplementedError
+
+    def output(self, module: torch.nn.Module, output: torch.Tensor) -> torch.Tensor:
+        """One watched module's figure from its forward output, a 0-d tensor."""
+        raise NotImplementedError
+
+    @property
+    def source(self) -> str:
+        """What it reads: "output" (a module's forward output) or "parameter"."""
+        return "output" if type(self).output is not Statistic.output else "parameter"
+
+    def info(self, detail_every: int) -> StatisticInfo:
+        """What a sink knows of it, its schedule resolved against the watch's."""
+        return StatisticInfo(
+            name=self.name,
+            label=self.label,
+            combine=self.combine,
+            every=self.every if self.every is not None else detail_every,
+            source=self.source,
+        )
+
+    # -- the batched form --------------------------------------------------------------------
     def width(self, per_tensor: bool) -> int:
         """Slots per parameter of :meth:`fused` (``per_tensor``: the device is one where a
         per-tensor call beats the fused one, a CPU)."""
@@ -43,16 +104,43 @@ class Statistic:
         """0-d tensors, :meth:`width` per parameter in order, for a group of large tensors.
         ``sizes``: each gradient's number of elements (None: a sparse group's, to be read
         from the gradients)."""
-        raise NotImplementedError
+        return [
+            one_value(self, self.parameter(g, p), g) for g, p in zip(grads, params, strict=True)
+        ]
 
     def stacked(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor:
         """One value per parameter for a group of small tensors of one shape, by one batch."""
-        raise NotImplementedError
+        return torch.stack(self.fused(grads, params, per_tensor=False, sizes=None))
+
+    def shard_values(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor:
+        """One value per parameter of this rank's (non-empty) parts of sharded parameters
+        (FSDP), as a vector; the ranks' values are then reduced as ``combine`` says."""
+        return torch.stack(self.fused(grads, params, per_tensor=False, sizes=None))
 
     def from_fused(self, values: np.ndarray, per_tensor: bool) -> np.ndarray:
         """Per-parameter figures from :meth:`fused`'s slots."""
         return values
 
     def from_stacked(self, values: np.ndarray) -> np.ndarray:
-        """Per-parameter figures from :meth:`stacked`'s values (and a sharded group's)."""
+        """Per-parameter figures from :meth:`stacked`'s values."""
         return values
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def one_value(statistic: Statistic, value: Any, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as one real 0-d tensor on ``like``'s device, or StatisticError. Only the
+    tensor's metadata is looked at (no host synchronisation)."""
+    if not isinstance(value, torch.Tensor):
+        raise StatisticError(f"returned {type(value).__name__}, not a tensor")
+    if value.numel() != 1:
+        raise StatisticError(f"returned a tensor of shape {tuple(value.shape)}, not one value")
+    if value.device != like.device:
+        raise StatisticError(f"returned a tensor on {value.device}, not on {like.device}")
+    if value.is_complex():
+        raise StatisticError("returned a complex tensor")
+    value = value.detach().reshape(())
+    if not value.is_floating_point():  # a count or a flag: stacks with the float figures
+        value = value.float()
+    return value

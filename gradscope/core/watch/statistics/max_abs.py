@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gradscope.core.watch.figures import stacked_max
+import gradscope.core.watch.figures as tensor_reads
+from gradscope.core.watch.figures import stacked_max, values_of
 from gradscope.core.watch.statistics.base import Statistic
 
 # On a CPU, up to this many elements a gradient's max |g| comes from one fused ord-inf norm
@@ -19,8 +20,10 @@ FUSED_UP_TO = 4096
 
 class MaxAbs(Statistic):
     name = "max_abs"
-    per_layer = "max"
+    label = "Max |gradient|"
+    combine = "max"
     scale_power = 1
+    on_trouble = True
 
     def __init__(self) -> None:
         # (sizes, per_tensor) -> (positions read fused, how to lay out each parameter)
@@ -69,6 +72,17 @@ class MaxAbs(Statistic):
 
     def stacked(self, grads, params):
         return stacked_max(grads)
+
+    def shard_values(self, grads, params):
+        grads = [values_of(g) for g in grads]
+        if grads[0].device.type in tensor_reads.PER_TENSOR_DEVICES:
+            # On a CPU one aminmax per tensor is about 13x faster than _foreach_norm's ord
+            # inf (measured on 40 local shards, one thread): max |g| = max(max, -min).
+            pairs = [torch.aminmax(g) for g in grads]
+            lows = torch.stack([pair[0] for pair in pairs])
+            highs = torch.stack([pair[1] for pair in pairs])
+            return torch.maximum(highs, -lows)
+        return torch.stack(torch._foreach_norm(grads, float("inf")))
 
     def from_fused(self, values: np.ndarray, per_tensor: bool) -> np.ndarray:
         if per_tensor:

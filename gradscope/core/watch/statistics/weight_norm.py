@@ -12,9 +12,11 @@ from gradscope.core.watch.statistics.base import Statistic
 
 class WeightNorm(Statistic):
     name = "weight_norm"
-    per_layer = "l2"
+    label = "Weight norm"
+    combine = "rss"
     scale_power = 0  # of the weights: a loss scale does not touch them
     kept = True  # a frozen parameter's weights do not change: its last figure stands
+    on_trouble = True
 
     def fused(self, grads, params, *, per_tensor, sizes):
         return torch._foreach_norm(params, 2, dtype=accumulation_dtype(params[0]))

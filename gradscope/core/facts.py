@@ -128,6 +128,8 @@ class StepStats:
     # Per-layer figures of the detail statistics registered beyond the built-in ones
     # (gradscope.core.watch.statistics), by name; on detail steps only.
     figures: dict[str, np.ndarray] = field(default_factory=dict)
+    # The early warnings new at this step (``GradientWatch(early_warnings=True)``).
+    warnings: list[EarlyWarning] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

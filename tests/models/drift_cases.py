@@ -12,10 +12,13 @@ half_residual_stream 100, warmup_too_high 85.
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+import gradscope
 
 FAILURE_FACTOR = 10.0  # a loss this many times its early median counts as a failure
 EARLY_STEPS = 20
@@ -49,9 +52,11 @@ def run_case(
     steps: int = 400,
     after_step: Callable[[int, nn.Module, float], None] | None = None,
     before_step: Callable[[int, Training], None] | None = None,
+    after_backward: Callable[[torch.Tensor], None] | None = None,
 ) -> CaseRun:
     """Train ``case`` for ``steps`` steps on one thread, stopping at its failure.
-    ``before_step`` and ``after_step`` let a test watch the model (hooks, a GradientWatch)."""
+    ``before_step``, ``after_backward`` (given the loss: ``watch.collect``) and
+    ``after_step`` let a test watch the model."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     training = case.build()
@@ -63,6 +68,8 @@ def run_case(
         loss = training.loss(training.model(inputs), targets)
         training.optimizer.zero_grad()
         loss.backward()
+        if after_backward is not None:
+            after_backward(loss)
         training.optimizer.step()
         if training.scheduler is not None:
             training.scheduler.step()
@@ -74,6 +81,25 @@ def run_case(
             result.failed_at = step
             break
     return result
+
+
+def run_watched(case: DriftCase, steps: int = 400, **options: Any) -> tuple[CaseRun, Any]:
+    """``run_case`` under ``gradscope.watch(model, **options)`` made at its first step,
+    collected after each backward: the run and the (closed) watch."""
+    made: list[Any] = []
+
+    def before(step: int, training: Training) -> None:
+        if not made:
+            made.append(gradscope.watch(training.model, optimizer=training.optimizer, **options))
+
+    try:
+        run = run_case(
+            case, steps, before_step=before, after_backward=lambda loss: made[0].collect(loss)
+        )
+    finally:
+        if made:
+            made[0].close()
+    return run, made[0]
 
 
 def _failed(losses: list[float]) -> bool:
@@ -97,10 +123,25 @@ def _mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
 
 
-class AttentionScores(nn.Module):
-    """q k^T / sqrt(d) in float16, as autocast computes it on a GPU; the softmax is float32."""
+class QueryKeyScores(nn.Module):
+    """The attention logits q k^T / sqrt(d) of one fused query-key projection (its own
+    weight), computed in float16 as autocast does on a GPU; the softmax after it is float32.
+    ``qk_norm``: a LayerNorm on each head's queries and keys (qk-layernorm)."""
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    def __init__(self, qk_norm: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(2 * WIDTH, WIDTH))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self.bias = nn.Parameter(torch.zeros(2 * WIDTH))
+        head_width = WIDTH // HEADS
+        self.q_norm = nn.LayerNorm(head_width) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(head_width) if qk_norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        query_key = F.linear(x, self.weight, self.bias).view(batch, length, 2, HEADS, -1)
+        query, key = query_key.permute(2, 0, 3, 1, 4)
+        query, key = self.q_norm(query), self.k_norm(key)
         scaled = query * query.shape[-1] ** -0.5
         return scaled.half() @ key.half().transpose(-2, -1)
 
@@ -108,18 +149,14 @@ class AttentionScores(nn.Module):
 class CausalSelfAttention(nn.Module):
     def __init__(self, qk_norm: bool) -> None:
         super().__init__()
-        head_width = WIDTH // HEADS
-        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
-        self.q_norm = nn.LayerNorm(head_width) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(head_width) if qk_norm else nn.Identity()
-        self.scores = AttentionScores()
+        self.scores = QueryKeyScores(qk_norm)
+        self.value = nn.Linear(WIDTH, WIDTH)
         self.proj = nn.Linear(WIDTH, WIDTH)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
-        qkv = self.qkv(x).view(batch, length, 3, HEADS, width // HEADS)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4)
-        scores = self.scores(self.q_norm(query), self.k_norm(key)).float()
+        scores = self.scores(x).float()
+        value = self.value(x).view(batch, length, HEADS, -1).transpose(1, 2)
         future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
         weights = scores.masked_fill(future, float("-inf")).softmax(-1)
         return self.proj((weights @ value).transpose(1, 2).reshape(batch, length, width))
@@ -239,14 +276,19 @@ CLASSES = 10
 
 
 class ResidualBlock(nn.Module):
+    """x + down(gelu(up(norm(x)))), the down projection its own weight, so that the block,
+    whose output is the residual stream, is a layer the watch sees."""
+
     def __init__(self) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(WIDTH)
         self.up = nn.Linear(WIDTH, 4 * WIDTH)
-        self.down = nn.Linear(4 * WIDTH, WIDTH)
+        self.weight = nn.Parameter(torch.empty(WIDTH, 4 * WIDTH))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self.bias = nn.Parameter(torch.zeros(WIDTH))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        update = self.down(F.gelu(self.up(self.norm(x.float()))))
+        update = F.linear(F.gelu(self.up(self.norm(x.float()))), self.weight, self.bias)
         return x + update.to(x.dtype)
 
 

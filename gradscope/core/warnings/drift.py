@@ -18,9 +18,9 @@ NOT_SLOWING = 0.5  # the recent slope, as a share of the window's
 # fit over 24 samples says little about where the quantity is ten windows later.
 EXTRAPOLATION = 3.0
 # The growth over the window that makes a drift: towards a limit within the horizon, any
-# four-fold; with no limit in sight, eight-fold.
+# four-fold, and with no limit in sight four-fold too, once past the baseline.
 MIN_RISE_TO_LIMIT = math.log(4.0)
-MIN_RISE = math.log(8.0)
+MIN_RISE = math.log(4.0)
 # A quantity's first samples are its baseline, not a drift: early in training every layer's
 # outputs grow while the model leaves its initialisation. A drift is judged once the window
 # has this many samples of history before it.
@@ -42,9 +42,13 @@ def _theil_sen(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
     return float(np.median(slopes)), float((slopes > 0).mean())
 
 
-def find_drift(steps: np.ndarray, values: np.ndarray, limit: float | None) -> Drift | None:
+def find_drift(
+    steps: np.ndarray, values: np.ndarray, limit: float | None, *, towards_limit: bool = False
+) -> Drift | None:
     """A drift in the last ``WINDOW`` samples of ``values`` (taken at ``steps``), towards
-    ``limit`` (same scale; None: no limit), or None."""
+    ``limit`` (same scale; None: no limit), or None. ``towards_limit``: only a drift that
+    reaches the limit within the projection counts (an exp input, a log-partition: rising
+    some nats is what learning does)."""
     if len(values) < WINDOW + BASELINE:
         return None
     steps = steps[-WINDOW:].astype(float)
@@ -66,6 +70,8 @@ def find_drift(steps: np.ndarray, values: np.ndarray, limit: float | None) -> Dr
         ahead = (limit - current) / slope
         if ahead <= EXTRAPOLATION * (steps[-1] - steps[0]):
             steps_left = max(0, round(ahead))
+    if steps_left is None and towards_limit:
+        return None
     if rise < (MIN_RISE_TO_LIMIT if steps_left is not None else MIN_RISE):
         return None
     return Drift(slope, int(steps[0]), first_value, current, steps_left)

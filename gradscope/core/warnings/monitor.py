@@ -19,6 +19,7 @@ from gradscope.core.warnings import drift, headroom, limits, spike
 MAGNITUDE = "magnitude"
 EXPONENT = "exponent"
 
+DETECTORS = ("headroom", "spike", "drift")
 _KEPT = max(drift.WINDOW, 64)  # samples of history per quantity (the spike's median reads all)
 
 
@@ -32,16 +33,27 @@ class Observation:
     value: float
     dtype: torch.dtype | None = None
     scale: str = MAGNITUDE
+    # The detectors that read it: "headroom", "spike", "drift".
+    detectors: tuple[str, ...] = DETECTORS
 
 
 @dataclass
 class _Series:
     steps: deque
     values: deque  # on the comparison scale
+    # The highest value before the drift's window, over the whole run: a drift must climb
+    # beyond it (a quantity coming back to where it started is not drifting).
+    peak_before: float = -math.inf
 
     @classmethod
     def empty(cls) -> "_Series":
         return cls(deque(maxlen=_KEPT), deque(maxlen=_KEPT))
+
+    def append(self, step: int, value: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+        if len(self.values) > drift.WINDOW:
+            self.peak_before = max(self.peak_before, self.values[-drift.WINDOW - 1])
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -88,12 +100,12 @@ class EarlyWarnings:
         key = (observation.module, observation.quantity)
         series = self._series.setdefault(key, _Series.empty())
         history = np.fromiter(series.values, float, len(series.values))
-        series.steps.append(step)
-        series.values.append(scaled)
+        series.append(step, scaled)
+        wanted = observation.detectors
         found = [
-            self._headroom(step, observation),
-            self._spike(step, observation, history, scaled),
-            self._drift(step, observation, series),
+            self._headroom(step, observation) if "headroom" in wanted else None,
+            self._spike(step, observation, history, scaled) if "spike" in wanted else None,
+            self._drift(step, observation, series) if "drift" in wanted else None,
         ]
         new = []
         for warning in found:
@@ -194,8 +206,9 @@ class EarlyWarnings:
             scaled_limit = math.log(limit) if observation.scale == MAGNITUDE else limit
         steps = np.fromiter(series.steps, float, len(series.steps))
         values = np.fromiter(series.values, float, len(series.values))
-        found = drift.find_drift(steps, values, scaled_limit)
-        if found is None:
+        towards_limit = observation.scale == EXPONENT
+        found = drift.find_drift(steps, values, scaled_limit, towards_limit=towards_limit)
+        if found is None or found.current <= series.peak_before:
             return None
         span = step - found.first_step
         if observation.scale == MAGNITUDE:

@@ -1,0 +1,57 @@
+"""The forward statistic the early warnings read, a ``gradscope.Statistic`` like any other:
+each watched layer's output max |x|, on the steps it is due (its figures reach
+``StepStats.figures["out_max_abs"]``, recordings, JSON and CSV by name). It notes each
+module's output dtype as it goes (metadata only: no host synchronisation), since the limits
+a value must stay within are its dtype's."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gradscope.core.watch.statistics.base import Statistic
+
+
+class OutputMaxAbs(Statistic):
+    name = "out_max_abs"
+    label = "Output max |x|"
+    combine = "max"
+
+    def __init__(self) -> None:
+        self.dtypes: dict[int, torch.dtype] = {}
+
+    def output(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
+        self.dtypes[id(module)] = output.dtype
+        # amax of the dtype's own values is exact; float() only for the one transfer.
+        return output.abs().amax().float()
+
+
+class OutputLogPartition(Statistic):
+    """The output head's log-partition, max over its rows of ``logsumexp(logits, -1)``: what
+    z-loss keeps near 0, and what an exp of the logits in their dtype overflows beyond
+    (11.09 in float16). The head is the ``nn.Linear`` the forward calls last; on the first
+    due step every Linear is measured to find it, then the head alone (the others' figure
+    is 0)."""
+
+    name = "out_log_partition"
+    label = "Output head log-partition"
+    combine = "max"
+
+    def __init__(self) -> None:
+        self.head: int | None = None
+        self._calls: dict[int, int] = {}
+
+    def output(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
+        if not isinstance(module, nn.Linear) or output.dim() == 0 or output.shape[-1] < 2:
+            return output.new_zeros((), dtype=torch.float32)
+        self._calls[id(module)] = len(self._calls)
+        if self.head is not None and id(module) != self.head:
+            return output.new_zeros((), dtype=torch.float32)
+        return output.float().logsumexp(-1).amax()
+
+    def settle(self) -> int | None:
+        """After a due step: the head (``id`` of the Linear called last), or None."""
+        if self._calls:
+            self.head = max(self._calls, key=self._calls.__getitem__)
+            self._calls.clear()
+        return self.head

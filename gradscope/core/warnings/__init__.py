@@ -10,6 +10,7 @@ keeps the series by (module, quantity) and turns what the detectors find into
 - ``monitor``: the series and the one warning per module and kind.
 """
 
+from gradscope.core.warnings import drift, headroom, limits, spike
 from gradscope.core.warnings.monitor import EarlyWarnings, Observation
 
-__all__ = ["EarlyWarnings", "Observation"]
+__all__ = ["EarlyWarnings", "Observation", "drift", "headroom", "limits", "spike"]

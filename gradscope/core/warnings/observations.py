@@ -2,7 +2,8 @@
 
 - the loss and the total gradient norm (whole-model quantities): spikes and drifts;
 - each layer's output max |x|: all three detectors, against its output dtype's limits;
-- the output head's log-partition: all three, against exp's overflow in the head's dtype;
+- the output head's log-partition: headroom and drift, against exp's overflow in the dtype
+  an exp of the logits runs in;
 - each layer's max |g|: headroom to its parameters' dtype only (a gradient's own growth or
   fall is the exploding and vanishing statuses' business), and not while a loss scaler
   scales the gradients."""
@@ -28,6 +29,9 @@ def step_observations(
 ) -> list[Observation]:
     found: list[Observation] = []
     whole = ("spike", "drift")
+    # A log-partition moves by nats as the model grows confident: only its approach to
+    # exp's overflow is a warning, not a jump.
+    towards = ("headroom", "drift")
     if stats.loss is not None:
         found.append(Observation(None, "loss", float(stats.loss), detectors=whole))
     if stats.total_grad_norm is not None and stats.loss_scale is None:
@@ -45,8 +49,10 @@ def step_observations(
         for layer, value in zip(layers, partitions.tolist(), strict=False):
             module = modules.get(layer.name)
             if module is not None and id(module) == head:
-                dtype = outputs.dtypes.get(head)
-                found.append(Observation(layer.name, "log-partition", value, dtype, EXPONENT))
+                dtype = log_partition.dtypes.get(head)
+                found.append(
+                    Observation(layer.name, "log-partition", value, dtype, EXPONENT, towards)
+                )
     if stats.max_abs is not None and stats.loss_scale is None:
         for layer, value in zip(layers, stats.max_abs.tolist(), strict=False):
             dtype = _parameter_dtype(modules, layer)

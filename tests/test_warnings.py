@@ -4,7 +4,9 @@ precursor is; no look-alike and no healthy sample warns."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,12 +14,16 @@ import torch
 from torch import nn
 
 import gradscope
+from gradscope.cli import main
 from gradscope.core.facts import EARLY_WARNING_KINDS
+from gradscope.core.runner import StepRunner
+from gradscope.core.sources import load_with_settings
 from gradscope.core.warnings import EarlyWarnings, Observation, drift, limits, spike
 from gradscope.core.warnings.monitor import EXPONENT
 from tests.models.drift_cases import CASES, LOOK_ALIKES, run_watched
 
 LEAD = 20  # steps a warning must come before the failure
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 
 
 def _feed(
@@ -201,10 +207,6 @@ def test_the_warnings_reach_stats_and_the_statistics_are_hooked_only_when_asked(
 
 @pytest.mark.parametrize("sample", ["healthy_cnn.py", "fp16_scaler_healthy_skips.py"])
 def test_healthy_samples_do_not_warn(sample):
-    from gradscope.core.runner import StepRunner
-    from gradscope.core.sources import load_with_settings
-    from tests.test_samples import SAMPLES
-
     torch.set_num_threads(1)
     loaded, settings = load_with_settings(str(SAMPLES / sample), {"steps": 80})
     settings.early_warnings = True
@@ -215,3 +217,70 @@ def test_healthy_samples_do_not_warn(sample):
         runner.close()
     assert len(results) == 80
     assert [w.describe() for w in runner.watch.early_warnings.warnings] == []
+
+
+@pytest.mark.parametrize("sample", sorted(p.name for p in SAMPLES.glob("*.py")))
+def test_no_sample_model_warns(sample):
+    torch.set_num_threads(1)
+    loaded, settings = load_with_settings(str(SAMPLES / sample), {})
+    settings.early_warnings = True
+    runner = StepRunner(loaded, settings)
+    try:
+        for _ in runner.run():
+            pass
+    finally:
+        runner.close()
+    assert [w.describe() for w in runner.watch.early_warnings.warnings] == []
+
+
+_DRIFTING_SCRIPT = """
+import torch
+from torch.nn import functional as F
+from tests.models.drift_cases import CLASSES, FEATURES, ResidualClassifier
+
+CONFIG = {"steps": 40, "batch_size": 64, "optimizer": "adam", "lr": 0.2}
+_PROTOTYPES = torch.randn(CLASSES, FEATURES, generator=torch.Generator().manual_seed(4))
+
+
+def build_model():
+    return ResidualClassifier(torch.float16)
+
+
+def make_batch(batch_size, device):
+    labels = torch.randint(0, CLASSES, (batch_size,), device=device)
+    return _PROTOTYPES[labels] + 2 * torch.randn(batch_size, FEATURES, device=device), labels
+
+
+def loss_fn(logits, labels):
+    return F.cross_entropy(logits, labels)
+"""
+
+
+def test_gradscope_run_reports_the_warnings_and_fails_on_them(tmp_path, capsys):
+    script = tmp_path / "drifting.py"
+    script.write_text(_DRIFTING_SCRIPT)
+    report = tmp_path / "report.json"
+    assert main(["run", str(script), "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["warnings"] is None  # not looked for
+    capsys.readouterr()
+    code = main(["run", str(script), "--fail-on-warning", "--json", str(report)])
+    assert code == 1
+    warnings = json.loads(report.read_text())["warnings"]
+    assert warnings and warnings[0]["module"] == "blocks.3"
+    assert warnings[0]["kind"] == "low headroom" and warnings[0]["limit"] == 65504.0
+    assert set(warnings[0]) == {
+        "step",
+        "module",
+        "kind",
+        "quantity",
+        "value",
+        "limit",
+        "evidence",
+        "steps_left",
+    }
+    out = capsys.readouterr().out
+    assert f"early warnings: {len(warnings)}" in out
+    assert warnings[0]["evidence"] in out
+    # the same run without the flag but with --early-warnings: reported, exit 0
+    assert main(["run", str(script), "--early-warnings", "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["warnings"] == warnings

@@ -472,6 +472,8 @@ def _say_early_warnings(warnings: Sequence[Any]) -> None:
     say(f"early warnings: {len(warnings)}")
     for warning in warnings[:_WARNINGS_SHOWN]:
         say(f"  {warning.describe()}")
+        if warning.hint:
+            say(f"    hint: {warning.hint}")
     if len(warnings) > _WARNINGS_SHOWN:
         say(f"  ... and {len(warnings) - _WARNINGS_SHOWN} more (--json has them all)")
 

@@ -161,6 +161,16 @@ def test_each_drift_case_warns_ahead_of_its_failure_naming_the_precursor(case):
     assert first.step <= run.failed_at - LEAD, (first.describe(), run.failed_at)
     assert first.module in case.precursors, first.describe()
     assert first.evidence.startswith(first.module)
+    assert HINTED[case.name] in first.hint, first.hint
+
+
+# What the first warning's hint must name for each case: the fix its look-alike applies.
+HINTED = {
+    "attention_logit_growth": "qk-layernorm",
+    "lm_head_log_partition": "z-loss",
+    "half_residual_stream": "float32",
+    "warmup_too_high": "warm-up",
+}
 
 
 @pytest.mark.parametrize("case", LOOK_ALIKES, ids=lambda case: case.name)
@@ -277,6 +287,7 @@ def test_gradscope_run_reports_the_warnings_and_fails_on_them(tmp_path, capsys):
         "limit",
         "evidence",
         "steps_left",
+        "hint",
     }
     out = capsys.readouterr().out
     assert f"early warnings: {len(warnings)}" in out

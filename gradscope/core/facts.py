@@ -290,8 +290,8 @@ class EarlyWarning:
     was measured (e.g. "max |x|", "log-partition", "loss"); ``value`` its value at ``step``;
     ``limit`` what it must not reach (a dtype's overflow, exp's overflow point; None where
     there is none); ``steps_left`` the projected steps until it reaches ``limit`` at the rate
-    seen (None where not projected); ``evidence`` the figures behind it, in words.
-    Not named ``Warning``: that would shadow Python's."""
+    seen (None where not projected); ``evidence`` the figures behind it, in words; ``hint``
+    what practice does about it. Not named ``Warning``: that would shadow Python's."""
 
     step: int
     module: str | None
@@ -301,6 +301,7 @@ class EarlyWarning:
     limit: float | None
     evidence: str
     steps_left: int | None = None
+    hint: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

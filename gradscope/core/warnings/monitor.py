@@ -4,13 +4,14 @@ detectors find in them: one per module and kind, at the first step it shows."""
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from gradscope.core.facts import EarlyWarning
 from gradscope.core.warnings import drift, headroom, limits, spike
+from gradscope.core.warnings.hints import hint_for
 
 # "magnitude": a positive size (max |x|, an RMS, a loss), compared on a log scale, limited by
 # its dtype's overflow and smallest normal. "exponent": the input of an exp (a log-partition,
@@ -35,6 +36,7 @@ class Observation:
     scale: str = MAGNITUDE
     # The detectors that read it: "headroom", "spike", "drift".
     detectors: tuple[str, ...] = DETECTORS
+    module_type: str | None = None  # its class name, for the hint
 
 
 @dataclass
@@ -124,7 +126,7 @@ class EarlyWarnings:
         limit: float | None = None,
         steps_left: int | None = None,
     ) -> EarlyWarning:
-        return EarlyWarning(
+        warning = EarlyWarning(
             step,
             observation.module,
             kind,
@@ -134,6 +136,7 @@ class EarlyWarnings:
             evidence,
             steps_left,
         )
+        return replace(warning, hint=hint_for(warning, observation.module_type))
 
     def _limit(self, observation: Observation) -> float | None:
         """The limit in natural units (None: none known)."""

@@ -42,7 +42,8 @@ def step_observations(
         for layer, value in zip(layers, out_max.tolist(), strict=False):
             module = modules.get(layer.name)
             dtype = None if module is None else outputs.dtypes.get(id(module))
-            found.append(Observation(layer.name, "output max |x|", value, dtype))
+            kind = layer.type_name
+            found.append(Observation(layer.name, "output max |x|", value, dtype, module_type=kind))
     partitions = stats.figures.get(log_partition.name)
     if partitions is not None:
         head = log_partition.settle()

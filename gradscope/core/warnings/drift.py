@@ -5,6 +5,7 @@ it counts as sustained when most pairwise slopes are positive and the last third
 window still climbs at least half as fast as the whole: training's usual early rise
 flattens, a drift does not."""
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ MIN_RISE = math.log(4.0)
 # outputs grow while the model leaves its initialisation. A drift is judged once the window
 # has this many samples of history before it.
 BASELINE = WINDOW
+# The smallest spread of a window's values that could hold a drift (a quick test before the fit).
+MIN_SPREAD = min(MIN_RISE, MIN_RISE_TO_LIMIT) / 2
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,13 @@ class Drift:
     steps_left: int | None  # to the limit at this slope; None when too far to project
 
 
+@functools.cache
+def _pairs(count: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(count, 1)
+
+
 def _theil_sen(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
-    first, second = np.triu_indices(len(steps), 1)
+    first, second = _pairs(len(steps))
     slopes = (values[second] - values[first]) / (steps[second] - steps[first])
     return float(np.median(slopes)), float((slopes > 0).mean())
 

@@ -101,12 +101,19 @@ class EarlyWarnings:
             scaled = value
         key = (observation.module, observation.quantity)
         series = self._series.setdefault(key, _Series.empty())
-        history = np.fromiter(series.values, float, len(series.values))
+        # Most steps of most quantities cannot spike: not 2x above their history's minimum
+        # (hence its median); the median is taken only when it might (microseconds a step).
+        history = None
+        kept = len(series.values)
+        if kept >= spike.MIN_HISTORY and scaled >= min(series.values) + spike.MIN_RISE:
+            history = np.fromiter(series.values, float, kept)
         series.append(step, scaled)
         wanted = observation.detectors
         found = [
             self._headroom(step, observation) if "headroom" in wanted else None,
-            self._spike(step, observation, history, scaled) if "spike" in wanted else None,
+            self._spike(step, observation, history, scaled)
+            if "spike" in wanted and history is not None
+            else None,
             self._drift(step, observation, series) if "drift" in wanted else None,
         ]
         new = []
@@ -207,6 +214,12 @@ class EarlyWarnings:
         scaled_limit = None
         if limit is not None:
             scaled_limit = math.log(limit) if observation.scale == MAGNITUDE else limit
+        if len(series.values) < drift.WINDOW + drift.BASELINE:
+            return None
+        window = list(series.values)[-drift.WINDOW :]
+        # A window that spans less than half the smallest rise cannot hold a drift.
+        if max(window) - min(window) < drift.MIN_SPREAD:
+            return None
         steps = np.fromiter(series.steps, float, len(series.steps))
         values = np.fromiter(series.values, float, len(series.values))
         towards_limit = observation.scale == EXPONENT

@@ -295,3 +295,29 @@ def test_gradscope_run_reports_the_warnings_and_fails_on_them(tmp_path, capsys):
     # the same run without the flag but with --early-warnings: reported, exit 0
     assert main(["run", str(script), "--early-warnings", "--json", str(report)]) == 0
     assert json.loads(report.read_text())["warnings"] == warnings
+
+
+class _WithAnEmptyOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 3)
+        self.empty = nn.Linear(4, 0)  # an empty output: nothing to take a maximum of
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + self.empty(x).sum()
+
+
+def test_an_empty_output_does_not_turn_the_warnings_off(recwarn):
+    model = _WithAnEmptyOutput()
+    recwarn.clear()  # torch's own, on initialising the empty weight
+    x = torch.randn(5, 4)
+    with gradscope.watch(model, early_warnings=True, detail_every=1) as watch:
+        for _ in range(2):
+            loss = model(x).square().mean()
+            loss.backward()
+            stats = watch.collect(loss)
+    assert [str(w.message) for w in recwarn] == []
+    names = [layer.name for layer in watch.layers]
+    figures = dict(zip(names, stats.figures["out_max_abs"].tolist(), strict=True))
+    assert figures == {"body": pytest.approx(model.body(x).abs().max().item()), "empty": 0.0}
+    assert "out_log_partition" in stats.figures

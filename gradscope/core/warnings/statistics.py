@@ -22,6 +22,8 @@ class OutputMaxAbs(Statistic):
 
     def output(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
         self.dtypes[id(module)] = output.dtype
+        if output.numel() == 0:  # amax of nothing raises; an empty output has no size
+            return output.new_zeros((), dtype=torch.float32)
         # amax of the dtype's own values is exact; float() only for the one transfer.
         return output.abs().amax().float()
 
@@ -46,6 +48,8 @@ class OutputLogPartition(Statistic):
 
     def output(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
         if not isinstance(module, nn.Linear) or output.dim() == 0 or output.shape[-1] < 2:
+            return output.new_zeros((), dtype=torch.float32)
+        if output.numel() == 0:
             return output.new_zeros((), dtype=torch.float32)
         self._calls[id(module)] = len(self._calls)
         autocast = torch.is_autocast_enabled(output.device.type)

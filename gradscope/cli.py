@@ -320,12 +320,15 @@ def _write_run_report(
     trace: Sequence[Any],
     error: dict[str, Any] | None,
     extra: dict[str, Any] | None = None,
+    warnings: Sequence[Any] | None = None,
 ) -> bool:
     """The one report of ``gradscope run`` (one process or N), written to ``json_path``
     whatever stopped the run; False, with the reason on stderr, when it cannot be written."""
     from gradscope.core.report import build_report, trace_to_json, write_json
 
-    report = build_report(source, device, history, settings=settings, world_size=world_size)
+    report = build_report(
+        source, device, history, settings=settings, world_size=world_size, warnings=warnings
+    )
     report.update(extra or {})
     if settings is not None and settings.get("trace"):
         report["trace"] = trace_to_json(trace)
@@ -427,7 +430,7 @@ def _run_one_process(args: argparse.Namespace) -> int:
         trace=trace,
         error=error,
         # null: not looked for (no --early-warnings); [] looked for, none given
-        extra={"warnings": None if early is None else [w.to_json() for w in early.warnings]},
+        warnings=None if early is None else early.warnings,
     )
     if not written and code != EXIT_INTERRUPTED:
         code = max(code, EXIT_BAD_INPUT)

@@ -11,21 +11,34 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from gradscope.core.facts import LayerInfo, StepStats
 from gradscope.core.warnings.monitor import EXPONENT, Observation
-from gradscope.core.warnings.statistics import OutputLogPartition, OutputMaxAbs
+
+
+class OutputFigures(Protocol):
+    """A forward statistic's name and the dtype it saw per module (``id``): what
+    ``gradscope.core.watch.statistics.output_max_abs`` and ``output_log_partition`` give
+    (named by what they offer: the watch imports this package, not the other way)."""
+
+    name: str
+    dtypes: dict[int, torch.dtype]
+
+
+class HeadFigures(OutputFigures, Protocol):
+    def settle(self) -> int | None: ...
 
 
 def step_observations(
     stats: StepStats,
     layers: list[LayerInfo],
     modules: Mapping[str, nn.Module],
-    outputs: OutputMaxAbs,
-    log_partition: OutputLogPartition,
+    outputs: OutputFigures,
+    log_partition: HeadFigures,
 ) -> list[Observation]:
     found: list[Observation] = []
     whole = ("spike", "drift")

@@ -37,7 +37,6 @@ from gradscope.core.tiny_gradient import tiny_scale_after
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.warnings import EarlyWarnings
 from gradscope.core.warnings.observations import step_observations
-from gradscope.core.warnings.statistics import OutputLogPartition, OutputMaxAbs
 from gradscope.core.watch.binding import Binding, bind
 from gradscope.core.watch.distributed import UnreducedCheck, fact_device
 from gradscope.core.watch.episodes import Episodes
@@ -57,6 +56,8 @@ from gradscope.core.watch.reads import Figures, Transfer, launch, place, without
 from gradscope.core.watch.sinks import Sinks
 from gradscope.core.watch.statistic_set import StatisticSet
 from gradscope.core.watch.statistics import Statistic
+from gradscope.core.watch.statistics.output_log_partition import OutputLogPartition
+from gradscope.core.watch.statistics.output_max_abs import OutputMaxAbs
 from gradscope.core.watch.status import StatusTracker, classify_step
 from gradscope.core.watch.update_ratio import UpdateRatio
 from gradscope.core.wrappers import named_layers, unwrap_model

@@ -1,8 +1,5 @@
-"""The forward statistic the early warnings read, a ``gradscope.Statistic`` like any other:
-each watched layer's output max |x|, on the steps it is due (its figures reach
-``StepStats.figures["out_max_abs"]``, recordings, JSON and CSV by name). It notes each
-module's output dtype as it goes (metadata only: no host synchronisation), since the limits
-a value must stay within are its dtype's."""
+"""The output head's log-partition, a forward statistic that the early warnings read
+(gradscope.core.warnings; ``GradientWatch(early_warnings=True)`` adds it)."""
 
 from __future__ import annotations
 
@@ -10,22 +7,6 @@ import torch
 from torch import nn
 
 from gradscope.core.watch.statistics.base import Statistic
-
-
-class OutputMaxAbs(Statistic):
-    name = "out_max_abs"
-    label = "Output max |x|"
-    combine = "max"
-
-    def __init__(self) -> None:
-        self.dtypes: dict[int, torch.dtype] = {}
-
-    def output(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
-        self.dtypes[id(module)] = output.dtype
-        if output.numel() == 0:  # amax of nothing raises; an empty output has no size
-            return output.new_zeros((), dtype=torch.float32)
-        # amax of the dtype's own values is exact; float() only for the one transfer.
-        return output.abs().amax().float()
 
 
 class OutputLogPartition(Statistic):

@@ -321,3 +321,19 @@ def test_an_empty_output_does_not_turn_the_warnings_off(recwarn):
     figures = dict(zip(names, stats.figures["out_max_abs"].tolist(), strict=True))
     assert figures == {"body": pytest.approx(model.body(x).abs().max().item()), "empty": 0.0}
     assert "out_log_partition" in stats.figures
+
+
+@pytest.mark.parametrize("source", ["resnet18", "mobilenet_v3_small", "timm:resnet18"])
+def test_zoo_models_do_not_warn(source):
+    if source.startswith("timm:"):
+        pytest.importorskip("timm")
+    torch.set_num_threads(1)
+    overrides = {"steps": 60, "image_size": 32, "batch_size": 4, "early_warnings": True}
+    loaded, settings = load_with_settings(source, overrides)
+    runner = StepRunner(loaded, settings)
+    try:
+        steps = sum(1 for _ in runner.run())
+    finally:
+        runner.close()
+    assert steps == 60
+    assert [w.describe() for w in runner.watch.early_warnings.warnings] == []

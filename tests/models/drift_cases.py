@@ -53,12 +53,13 @@ def run_case(
     after_step: Callable[[int, nn.Module, float], None] | None = None,
     before_step: Callable[[int, Training], None] | None = None,
     after_backward: Callable[[torch.Tensor], None] | None = None,
+    seed: int = 0,
 ) -> CaseRun:
     """Train ``case`` for ``steps`` steps on one thread, stopping at its failure.
     ``before_step``, ``after_backward`` (given the loss: ``watch.collect``) and
     ``after_step`` let a test watch the model."""
     torch.set_num_threads(1)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)  # the initial weights; the data's generators are the case's own
     training = case.build()
     result = CaseRun()
     for step in range(steps):
@@ -83,7 +84,9 @@ def run_case(
     return result
 
 
-def run_watched(case: DriftCase, steps: int = 400, **options: Any) -> tuple[CaseRun, Any]:
+def run_watched(
+    case: DriftCase, steps: int = 400, seed: int = 0, **options: Any
+) -> tuple[CaseRun, Any]:
     """``run_case`` under ``gradscope.watch(model, **options)`` made at its first step,
     collected after each backward: the run and the (closed) watch."""
     made: list[Any] = []
@@ -94,7 +97,11 @@ def run_watched(case: DriftCase, steps: int = 400, **options: Any) -> tuple[Case
 
     try:
         run = run_case(
-            case, steps, before_step=before, after_backward=lambda loss: made[0].collect(loss)
+            case,
+            steps,
+            before_step=before,
+            after_backward=lambda loss: made[0].collect(loss),
+            seed=seed,
         )
     finally:
         if made:

@@ -10,6 +10,7 @@ import torch
 from models.distributed_workers import (
     ddp_nan_in_one_rank,
     fsdp1_statistics,
+    fsdp1_user_statistics,
     fsdp2_on_cuda,
     fsdp2_statistics,
     fsdp2_user_statistics,
@@ -153,14 +154,17 @@ def test_fsdp2_statistics_equal_an_unsharded_copy_with_one_collective(tmp_path):
         assert origin["phase"] == "unknown" and "FSDP" in origin["details"]["reason"]
 
 
-def test_fsdp2_user_statistics_reduce_over_ranks_as_their_combine_says(tmp_path):
+@pytest.mark.parametrize("flavour", ["fsdp2", "fsdp1"])
+def test_user_statistics_reduce_over_ranks_as_their_combine_says(tmp_path, flavour):
     """sum, max and rss reduced over the shards equal the unsharded reference's; a "mean"
-    is reduced as a sum and a count (issue #36)."""
-    for facts in run_workers(fsdp2_user_statistics, tmp_path):
+    is reduced as a sum and a count (issue #36). FSDP1's parts are flat views: a figure of
+    the shape (weight_dims) is then the flat part's, by design."""
+    worker = fsdp2_user_statistics if flavour == "fsdp2" else fsdp1_user_statistics
+    for facts in run_workers(worker, tmp_path):
         for step, differences in enumerate(facts["steps"]):
             for name in ("grad_sum", "grad_max", "grad_l2"):
                 assert differences[name] < 1e-5, (step, name, differences)
             if step % 2:
                 assert differences["weight_dims"] is None, (step, differences)
-            else:
+            elif flavour == "fsdp2":
                 assert differences["weight_dims"] < 1e-9, (step, differences)

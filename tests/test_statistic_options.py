@@ -226,3 +226,49 @@ def test_the_lightning_callback_passes_statistics_to_the_watch(tmp_path, stats_m
     assert len(sink.figures) == 3
     for figures, expected in zip(sink.figures, module.grad_rms, strict=True):
         np.testing.assert_allclose(figures["grad_rms"], expected, rtol=1e-5)
+
+
+class TokenData(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(index))
+        return {"input_ids": ids, "labels": ids}
+
+
+def test_the_transformers_callback_passes_statistics_to_the_watch(tmp_path, stats_module):
+    import transformers
+
+    from gradscope.integrations.transformers import GradScopeCallback as TransformersCallback
+
+    grad_rms = load_statistic_class(f"{stats_module}:GradRMS")()
+    out_rms = load_statistic_class(f"{stats_module}:OutRMS")()
+    sink = Collected()
+    callback = TransformersCallback(
+        record=tmp_path / "hf.gsrec", statistics=[grad_rms, out_rms], sinks=[sink]
+    )
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16, bos_token_id=0
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=3,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    transformers.Trainer(
+        model=model, args=args, train_dataset=TokenData(), callbacks=[callback]
+    ).train()
+    assert len(sink.figures) == 3
+    for step, figures in enumerate(sink.figures):
+        assert np.isfinite(figures["grad_rms"]).all() and figures["grad_rms"].max() > 0
+        # OutRMS every 2nd step: on each watched module's forward output
+        assert ("out_rms" in figures) == (step % 2 == 0), step
+        if step % 2 == 0:
+            assert np.isfinite(figures["out_rms"]).all() and figures["out_rms"].min() > 0

@@ -79,3 +79,23 @@ def test_the_built_in_statistics_are_listed_in_reading_order():
         "max_abs",
         "update_ratio",
     ]
+
+
+def test_a_new_built_in_is_its_module_and_one_line(monkeypatch):
+    """Listed beside the built-ins (the one line), a statistic is measured by every watch on
+    the watch's detail schedule, in StepStats.figures and statistic_infos, with no other
+    edit."""
+    from gradscope.core.watch import statistic_set
+
+    monkeypatch.setattr(statistic_set, "BUILT_INS", (*BUILT_INS, ZeroCount()))
+    model = _model()
+    watch = gradscope.watch(model, detail_every=3)
+    assert "zeros" in [info.name for info in watch.statistic_infos]
+    x = torch.randn(8, 16)
+    for step in range(4):
+        model.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        stats = watch.collect(loss)
+        assert ("zeros" in stats.figures) == (step % 3 == 0), step
+    watch.close()

@@ -264,6 +264,7 @@ def test_combine_mean_and_sum_and_a_layer_without_gradient():
         (object(), "not a gradscope.Statistic"),
         (type("NoName", (gradscope.Statistic,), {"parameter": GradRMS.parameter})(), "no name"),
         (type("Odd", (GradRMS,), {"combine": "median"})(), "combine"),
+        (type("Odd", (GradRMS,), {"name": "grad/rms"})(), "letters, digits"),
         (type("Odd", (GradRMS,), {"every": 0})(), "every"),
         (type("Odd", (GradRMS,), {"name": "grad_norm"})(), "two statistics"),
         (type("Empty", (gradscope.Statistic,), {"name": "empty"})(), "neither"),

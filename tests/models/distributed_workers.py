@@ -538,7 +538,24 @@ def _user_statistics() -> list:
     return [GradSum(), GradMax(), GradNorm2(), WeightDims()]
 
 
-def fsdp2_user_statistics(rank: int, world: int, port: int, out: str) -> None:
+def fsdp1_user_statistics(rank: int, world: int, port: int, out: str) -> None:
+    """:func:`fsdp2_user_statistics` under FSDP1 (use_orig_params=True, a unit per Linear):
+    each parameter's part is a flat view, none on some ranks."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    def wrap(model):
+        return FullyShardedDataParallel(
+            model,
+            use_orig_params=True,
+            device_id=torch.device("cpu"),
+            auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+        )
+
+    fsdp2_user_statistics(rank, world, port, out, wrap=wrap)
+
+
+def fsdp2_user_statistics(rank: int, world: int, port: int, out: str, wrap=None) -> None:
     """FSDP2 with uneven shards (7 and 5 rows, and a one-row layer: one rank's part is
     empty) beside an unsharded reference on the concatenated batch, both watched with the
     user statistics above: per step, each statistic's largest relative difference."""
@@ -552,10 +569,13 @@ def fsdp2_user_statistics(rank: int, world: int, port: int, out: str) -> None:
     torch.manual_seed(0)
     reference = nn.Sequential(nn.Linear(6, 7), nn.Tanh(), nn.Linear(7, 5), nn.Linear(5, 1))
     model = copy.deepcopy(reference)
-    for module in model:
-        if next(module.parameters(), None) is not None:
-            fully_shard(module)
-    fully_shard(model)
+    if wrap is None:
+        for module in model:
+            if next(module.parameters(), None) is not None:
+                fully_shard(module)
+        fully_shard(model)
+    else:
+        model = wrap(model)
     watch = gradscope.watch(model, statistics=_user_statistics())
     expected = gradscope.watch(reference, statistics=_user_statistics(), collectives=False)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, reference)]

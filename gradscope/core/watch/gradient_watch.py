@@ -344,10 +344,13 @@ class GradientWatch:
     # -- collection ------------------------------------------------------------------------
     def _arm_outputs(self) -> None:
         """Hook the watched modules' forward for the next step when a forward statistic is
-        due then; otherwise no hook at all."""
+        due then; otherwise no hook at all. Hooks already armed for the same statistics
+        stay, with what they measured (a callback sets the step number between the forward
+        and the collect)."""
         if self.statistics.has_outputs or self.outputs.armed:
             due = self.statistics.output_reads(self._step, self.detail_every)
-            self.outputs.arm(self.model, self.layers, due)
+            if not (self.outputs.armed and due == self.outputs.due):
+                self.outputs.arm(self.model, self.layers, due)
 
     def launch(self, loss: Any = None, *, batch: Any = None) -> list[Transfer]:
         """Queue every statistic's computation and the device-to-host copies; no host
@@ -357,6 +360,8 @@ class GradientWatch:
         self._output_reads = self.outputs.due if self.outputs.armed else ()
         if self._output_reads:
             outputs = self.outputs.take()
+            if not outputs:  # no forward ran with the hooks (armed after it): not measured
+                self._output_reads = ()
         return launch(self, loss, batch, reads=self._reads, facts=True, outputs=outputs)
 
     def collect(
@@ -543,7 +548,11 @@ class GradientWatch:
                 per_param[name] = np.where(read, values, 0.0 if before is None else before)
             reads = reads + more
         self.statuses.keep(statuses)
-        per_layer = self._per_layer(figures, reads, divisor)
+        per_layer = (
+            self._per_layer(figures, reads, divisor)
+            if reads or self._output_reads or self.statistics.failures
+            else {}
+        )
         stats = StepStats(
             step=self._step,
             loss=loss_value,

@@ -4,6 +4,8 @@ turned off one by one when they fail."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +13,8 @@ from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import StatisticInfo
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.watch.statistics import BUILT_INS, COMBINES, Statistic, StatisticError
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def _checked(statistic: Any, taken: set[str]) -> Statistic:
@@ -30,6 +34,11 @@ def _checked(statistic: Any, taken: set[str]) -> Statistic:
     name = statistic.name
     if not isinstance(name, str) or not name.strip():
         raise GradScopeError(f"statistics=: {kind} has no name (set name = '...')")
+    if not _NAME.fullmatch(name):
+        raise GradScopeError(
+            f"statistics=: {kind}.name {name!r}: letters, digits, '_', '-' and '.' only (it "
+            "is a column, a JSON key and a tag)"
+        )
     if name in taken:
         raise GradScopeError(f"statistics=: two statistics are named {name!r}")
     if statistic.combine not in COMBINES:
@@ -78,6 +87,11 @@ class StatisticSet:
         self._batched = [s for s in live if not s.read_by_watch and s.source == "parameter"]
         self._outputs = [s for s in live if s.source == "output"]
         self._trouble = tuple(s for s in self._batched if s.on_trouble)
+        # What each step reads, by (detail_every, step modulo every schedule's common
+        # multiple): a dict lookup per step, not a pass over the statistics.
+        self._reads: dict[tuple[int, int], tuple[Statistic, ...]] = {}
+        self._periods: dict[int, int] = {}
+        self._more: dict[tuple[Statistic, ...], tuple[Statistic, ...]] = {}
 
     @property
     def has_outputs(self) -> bool:
@@ -99,14 +113,26 @@ class StatisticSet:
 
     def parameter_reads(self, step: int, detail_every: int) -> tuple[Statistic, ...]:
         """The batched parameter statistics due at ``step``, in reading order."""
-        return tuple(s for s in self._batched if self._due(s, step, detail_every))
+        period = self._periods.get(detail_every)
+        if period is None:
+            everies = [detail_every if s.every is None else s.every for s in self._batched]
+            period = self._periods[detail_every] = math.lcm(1, *everies)
+        key = (detail_every, step % period)
+        found = self._reads.get(key)
+        if found is None:
+            found = tuple(s for s in self._batched if self._due(s, step, detail_every))
+            self._reads[key] = found
+        return found
 
     def output_reads(self, step: int, detail_every: int) -> tuple[Statistic, ...]:
         return tuple(s for s in self._outputs if self._due(s, step, detail_every))
 
     def trouble_reads(self, done: tuple[Statistic, ...]) -> tuple[Statistic, ...]:
         """The statistics a step that goes wrong also reads, those it has not read yet."""
-        return tuple(s for s in self._trouble if s not in done)
+        found = self._more.get(done)
+        if found is None:
+            found = self._more[done] = tuple(s for s in self._trouble if s not in done)
+        return found
 
     def failed(self, statistic: Statistic, error: BaseException) -> None:
         """Note that ``statistic`` failed at this step (the first failure is the one told)."""

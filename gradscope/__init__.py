@@ -61,6 +61,9 @@ def watch(
 
     ``statistics=[GradRMS(), ...]``: figures of your own, subclasses of
     :class:`gradscope.Statistic`, in ``stats.figures[name]`` on the steps they are due.
+
+    ``early_warnings=True``: ``stats.warnings`` names what spikes, drifts towards its dtype's
+    limits or sits close to them, before any NaN/Inf (see :mod:`gradscope.core.warnings`).
     """
     from gradscope.core.watch import GradientWatch
 

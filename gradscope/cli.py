@@ -19,7 +19,9 @@ from gradscope.core.errors import GradScopeError
 
 # The exit-code contract (README "Exit codes"): CI pipelines gate on these.
 EXIT_OK = 0  # the run finished
-EXIT_NONFINITE = 1  # a NaN/Inf was found and --fail-on-nonfinite was given
+EXIT_NONFINITE = (
+    1  # a NaN/Inf was found and --fail-on-nonfinite given (or a warning, --fail-on-warning)
+)
 EXIT_BAD_INPUT = 2  # bad input, including an error in the user's own code
 EXIT_INTERNAL = 3  # a GradScope bug
 EXIT_INTERRUPTED = 130  # Ctrl+C (128 + SIGINT, as shells report it)
@@ -84,6 +86,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "folder or sys.path (or a .py file); repeatable",
     )
     add(
+        "--early-warnings",
+        action="store_true",
+        default=None,
+        help="warn before a NaN/Inf: outputs or the loss that spike, drift upwards or near "
+        'their dtype\'s limits (JSON: "warnings")',
+    )
+    add(
         "--keep-going",
         action="store_true",
         default=None,
@@ -117,6 +126,11 @@ def _run_parser() -> argparse.ArgumentParser:
         "--fail-on-nonfinite",
         action="store_true",
         help="exit with status 1 when a NaN/Inf was found",
+    )
+    parser.add_argument(
+        "--fail-on-warning",
+        action="store_true",
+        help="exit with status 1 when an early warning was given (turns --early-warnings on)",
     )
     parser.add_argument(
         "--nproc",
@@ -306,12 +320,15 @@ def _write_run_report(
     trace: Sequence[Any],
     error: dict[str, Any] | None,
     extra: dict[str, Any] | None = None,
+    warnings: Sequence[Any] | None = None,
 ) -> bool:
     """The one report of ``gradscope run`` (one process or N), written to ``json_path``
     whatever stopped the run; False, with the reason on stderr, when it cannot be written."""
     from gradscope.core.report import build_report, trace_to_json, write_json
 
-    report = build_report(source, device, history, settings=settings, world_size=world_size)
+    report = build_report(
+        source, device, history, settings=settings, world_size=world_size, warnings=warnings
+    )
     report.update(extra or {})
     if settings is not None and settings.get("trace"):
         report["trace"] = trace_to_json(trace)
@@ -335,7 +352,11 @@ def _say_run_header(title: str, history: Any, loss_of: str = "") -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.fail_on_warning:
+        args.early_warnings = True
     if args.nproc is not None:
+        if args.early_warnings:
+            raise GradScopeError("--early-warnings and --fail-on-warning go without --nproc")
         return _run_distributed(args)
     if args.fsdp or args.step_timeout is not None:
         raise GradScopeError("--fsdp and --step-timeout go with --nproc N")
@@ -400,6 +421,7 @@ def _run_one_process(args: argparse.Namespace) -> int:
     # The report first: printing (a diagnosis that fails, a closed stdout) cannot lose it.
     if runner is not None:
         settings = runner.settings  # as used
+    early = None if runner is None or runner.watch is None else runner.watch.early_warnings
     written = not args.json or _write_run_report(
         args.json,
         source=loaded.source if loaded is not None else args.source,
@@ -409,12 +431,16 @@ def _run_one_process(args: argparse.Namespace) -> int:
         world_size=1,  # gradscope run is one process
         trace=trace,
         error=error,
+        # null: not looked for (no --early-warnings); [] looked for, none given
+        warnings=None if early is None else early.warnings,
     )
     if not written and code != EXIT_INTERRUPTED:
         code = max(code, EXIT_BAD_INPUT)
     if runner is not None:
         assert loaded is not None
         _say_run_header(f"{loaded.display_name} on {runner.device}", history)
+    if early is not None:
+        _say_early_warnings(early.warnings)
     origin = history.first_nonfinite
     if origin is not None:
         _print_origin(origin, halted=runner is not None and runner.halted)
@@ -435,7 +461,26 @@ def _run_one_process(args: argparse.Namespace) -> int:
         )
     if code == EXIT_OK and origin is not None and args.fail_on_nonfinite:
         return EXIT_NONFINITE
+    if code == EXIT_OK and early is not None and early.warnings and args.fail_on_warning:
+        return EXIT_NONFINITE
     return code
+
+
+_WARNINGS_SHOWN = 10
+
+
+def _say_early_warnings(warnings: Sequence[Any]) -> None:
+    """The early warnings, first ones first: each one's step, kind and evidence."""
+    if not warnings:
+        say("early warnings: none")
+        return
+    say(f"early warnings: {len(warnings)}")
+    for warning in warnings[:_WARNINGS_SHOWN]:
+        say(f"  {warning.describe()}")
+        if warning.hint:
+            say(f"    hint: {warning.hint}")
+    if len(warnings) > _WARNINGS_SHOWN:
+        say(f"  ... and {len(warnings) - _WARNINGS_SHOWN} more (--json has them all)")
 
 
 def _print_origin(origin: Any, *, halted: bool, rank: int | None = None) -> None:

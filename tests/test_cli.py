@@ -74,7 +74,7 @@ def test_summary_and_strict_json(capsys, write_script, tmp_path):
     assert set(data) == {
         "source", "device", "world_size", "settings", "steps_run", "steps", "loss",
         "total_grad_norm", "first_nonfinite", "nonfinite_origins", "error", "run_events",
-        "layers",
+        "warnings", "layers",
     }  # fmt: skip
     assert data["steps"] == [0] and data["total_grad_norm"] == ["nan"]
     assert data["world_size"] == 1 and data["error"] is None

@@ -416,3 +416,45 @@ def test_attach_under_a_cuda_grad_scaler_with_a_fused_optimizer(tmp_path):
     applied = [i for i, s in enumerate(skipped) if not s]
     recorded = history.total_grad_norm[: history.count]
     assert recorded[applied].tolist() == pytest.approx([reference[i]["total"] for i in applied])
+
+
+def test_early_warnings_on_cuda_warn_ahead_and_read_without_synchronising():
+    """Issue #37: the float16 residual stream of a drift case on the GPU warns before it fails,
+    and its forward statistics (output max |x|, the head's log-partition) add no host
+    synchronisation to the forward or to ``launch()``."""
+    from models.drift_cases import ResidualClassifier
+
+    import gradscope
+
+    torch.manual_seed(0)
+    model = ResidualClassifier(torch.float16).cuda()
+    watch = gradscope.watch(model, early_warnings=True, detail_every=1, replay=False)
+    x = torch.randn(64, 32, device="cuda")
+    y = torch.randint(0, 10, (64,), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        transfers = watch.launch(loss)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    watch.resolve(transfers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.2)
+    first_warning = failed = None
+    for step in range(1, 200):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x + 2 * torch.randn_like(x)), y)
+        loss.backward()
+        stats = watch.collect(loss)
+        if stats.warnings and first_warning is None:
+            first_warning = stats.warnings[0]
+        if not torch.isfinite(loss):
+            failed = step
+            break
+        optimizer.step()
+    watch.close()
+    assert first_warning is not None and first_warning.kind == "low headroom"
+    assert first_warning.module.startswith("blocks.")
+    if failed is not None:  # on one batch it fails sooner than the CPU case (step 102)
+        assert first_warning.step < failed

@@ -579,6 +579,7 @@ def test_report_json_has_the_schema_of_run_json(tmp_path, capsys, write_script):
         "nonfinite_origins",
         "error",
         "run_events",
+        "warnings",
         "layers",
     }
     assert report_data["settings"] == {"source": str(script)}

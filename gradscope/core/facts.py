@@ -128,6 +128,8 @@ class StepStats:
     # Per-layer figures of the named statistics beyond the built-in fields (a user's
     # gradscope.Statistic), by name: one per watched layer, on the steps each is due only.
     figures: dict[str, np.ndarray] = field(default_factory=dict)
+    # The early warnings new at this step (``GradientWatch(early_warnings=True)``).
+    warnings: list[EarlyWarning] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     # What a NaN/Inf episode led to at this later step of it, as (kind, layer, message)
     # events: weights its gradients spoiled, say. Consequences, not origins of their own.
@@ -291,3 +293,35 @@ class WatchView(Protocol):
 
     @property
     def on_every_rank(self) -> bool: ...
+
+
+# The kinds of an early warning (#37): a quantity far above its own recent history; one that
+# keeps growing (towards its limit where it has one); one close to its dtype's limit.
+EARLY_WARNING_KINDS = ("spiking", "drifting", "low headroom")
+
+
+@dataclass(frozen=True)
+class EarlyWarning:
+    """A precursor of a failure, seen before any NaN/Inf: ``module`` is the layer's name in
+    ``named_modules()`` (None for a whole-model quantity such as the loss); ``quantity`` what
+    was measured (e.g. "max |x|", "log-partition", "loss"); ``value`` its value at ``step``;
+    ``limit`` what it must not reach (a dtype's overflow, exp's overflow point; None where
+    there is none); ``steps_left`` the projected steps until it reaches ``limit`` at the rate
+    seen (None where not projected); ``evidence`` the figures behind it, in words; ``hint``
+    what practice does about it. Not named ``Warning``: that would shadow Python's."""
+
+    step: int
+    module: str | None
+    kind: str
+    quantity: str
+    value: float
+    limit: float | None
+    evidence: str
+    steps_left: int | None = None
+    hint: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return f"step {self.step}: {self.kind}: {self.evidence}"

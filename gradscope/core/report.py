@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gradscope.core.facts import Origin
+from gradscope.core.facts import EarlyWarning, Origin
 from gradscope.core.history import MISSING, STATISTICS, STATUS_MISSING, RunHistory
 
 ORIGIN_FIELDS = ("step", "phase", "module", "tensor", "kind", "op", "file", "line", "code")
@@ -76,12 +77,15 @@ def build_report(
     *,
     settings: dict[str, Any] | None = None,
     world_size: int | None = None,
+    warnings: Sequence[EarlyWarning] | None = None,
 ) -> dict[str, Any]:
     """The report of ``history``. ``steps`` are the step numbers of the rows (after a
     rewind they need not count from 0), ``total_grad_norm`` the norm over every gradient of
     the step (null where the step was not watched), ``settings`` the run's settings as used,
     ``world_size`` the number of processes the statistics cover (null when unknown), and
-    ``error`` what stopped the run (null when it finished; ``gradscope run`` fills it).
+    ``error`` what stopped the run (null when it finished; ``gradscope run`` fills it), and
+    ``warnings`` the early warnings (step, module, kind, quantity, value, limit, steps_left,
+    evidence, hint; null when they were not looked for or not recorded).
 
     Per layer, ``status`` is the worst status over the run, ``status_first_seen_step`` the
     step at which that worst status was first seen, ``last_status`` the status at the last
@@ -140,6 +144,7 @@ def build_report(
         "error": None,
         "run_events": run_events(history),
         **statistics_json(history),
+        "warnings": None if warnings is None else [warning.to_json() for warning in warnings],
         "layers": layers,
     }
 

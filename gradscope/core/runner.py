@@ -264,6 +264,7 @@ class StepRunner:
             scaler=self.scaler,
             detail_every=self.settings.detail_every,
             statistics=load_statistics(self.settings.statistics),
+            early_warnings=self.settings.early_warnings,
         )
 
     def set_layers(self, layers: list[str] | None) -> None:

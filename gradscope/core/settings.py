@@ -45,6 +45,8 @@ class RunSettings:
     detail_every: int = 1
     # The user's statistics, as MODULE:CLASS (gradscope.core.watch.statistic_loader).
     statistics: list[str] | None = None
+    # Warn before a NaN/Inf (GradientWatch(early_warnings=True); gradscope.core.warnings).
+    early_warnings: bool = False
     trace: bool = False
     rewind_depth: int = 0
     # hf: models: tokens per sequence; hf:/timm: models: config overrides (--config k=v).

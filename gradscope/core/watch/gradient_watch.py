@@ -35,6 +35,8 @@ from gradscope.core.replay import DEFAULT_GRADIENT_BYTES, make_replay
 from gradscope.core.sharded import RankExchange, local
 from gradscope.core.tiny_gradient import tiny_scale_after
 from gradscope.core.user_warnings import warn_user
+from gradscope.core.warnings import EarlyWarnings
+from gradscope.core.warnings.observations import step_observations
 from gradscope.core.watch.binding import Binding, bind
 from gradscope.core.watch.distributed import UnreducedCheck, fact_device
 from gradscope.core.watch.episodes import Episodes
@@ -54,9 +56,11 @@ from gradscope.core.watch.reads import Figures, Transfer, launch, place, without
 from gradscope.core.watch.sinks import Sinks
 from gradscope.core.watch.statistic_set import StatisticSet
 from gradscope.core.watch.statistics import Statistic
+from gradscope.core.watch.statistics.output_log_partition import OutputLogPartition
+from gradscope.core.watch.statistics.output_max_abs import OutputMaxAbs
 from gradscope.core.watch.status import StatusTracker, classify_step
 from gradscope.core.watch.update_ratio import UpdateRatio
-from gradscope.core.wrappers import unwrap_model
+from gradscope.core.wrappers import named_layers, unwrap_model
 
 
 class GradientWatch:
@@ -116,6 +120,12 @@ class GradientWatch:
     statistic the watch measures. One that raises or returns anything but one value is
     turned off with one warning.
 
+    ``early_warnings=True``: warn before a NaN/Inf (``stats.warnings``, the warnings new at
+    the step; all of them in ``watch.early_warnings.warnings``): a layer's output max |x|
+    (measured on its statistic schedule) or max |g| that spikes above its own history, drifts
+    upwards (with the steps left to its dtype's overflow at that rate), or sits close to its
+    dtype's overflow or smallest normal; a loss that spikes.
+
     ``record="runs/x.gsrec"`` adds a recording sink (``settings``: a JSON-able dict stored
     with it; ``overwrite=True`` replaces an existing recording, otherwise a new numbered name
     is chosen); ``sinks`` are further objects with ``on_step(watch, stats)`` and ``close()``.
@@ -145,6 +155,7 @@ class GradientWatch:
         replay: bool = True,
         max_gradient_bytes: int = DEFAULT_GRADIENT_BYTES,
         statistics: Sequence[Statistic] = (),
+        early_warnings: bool = False,
     ) -> None:
         self.wrapped_model = model
         model = unwrap_model(model)
@@ -163,7 +174,16 @@ class GradientWatch:
         self.statuses = StatusTracker(self.vanish_steps)
         if isinstance(statistics, Statistic):
             statistics = [statistics]
-        self.statistics = StatisticSet(list(statistics))
+        statistics = list(statistics)
+        # Early warnings (#37): the loss, the layers' output max |x| (a forward statistic on
+        # its schedule) and max |g|, each against its own history and its dtype's limits.
+        self.early_warnings = EarlyWarnings() if early_warnings else None
+        self._output_max_abs = OutputMaxAbs()
+        self._log_partition = OutputLogPartition()
+        self._warned_modules: dict[str, nn.Module] | None = None
+        if early_warnings:
+            statistics += [self._output_max_abs, self._log_partition]
+        self.statistics = StatisticSet(statistics)
         # The statistics this step reads (set by launch, for the step's placing).
         self._reads: tuple[Statistic, ...] = ()
         self._output_reads: tuple[Statistic, ...] = ()
@@ -389,6 +409,17 @@ class GradientWatch:
         if self.replay is not None:  # the next forward is a new step
             self.replay.step_collected()
         self._arm_outputs()
+        if self.early_warnings is not None and not stats.nonfinite:
+            if self._warned_modules is None:
+                self._warned_modules = named_layers(self.model)
+            observed = step_observations(
+                stats,
+                self.layers,
+                self._warned_modules,
+                self._output_max_abs,
+                self._log_partition,
+            )
+            stats.warnings = self.early_warnings.observe(stats.step, observed)
         self.sinks.on_step(self, stats)
         return stats
 

@@ -1,0 +1,34 @@
+"""A spike: a value far above the running median of its own history, in robust units (the
+median absolute deviation), and at least twice that median. The history is the quantity's
+recent values on a scale where growth is additive (the log of a magnitude)."""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# Enough history that a median means something; few false alarms over hundreds of layers.
+MIN_HISTORY = 20
+THRESHOLD = 10.0
+MIN_RISE = math.log(2.0)
+# The MAD of normal data is 0.6745 of its standard deviation: z-scores comparable to usual ones.
+_MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class Spike:
+    z: float
+    median: float
+
+
+def find_spike(history: np.ndarray, value: float) -> Spike | None:
+    """A spike of ``value`` against ``history`` (same scale), or None."""
+    if len(history) < MIN_HISTORY or not math.isfinite(value):
+        return None
+    median = float(np.median(history))
+    rise = value - median
+    if rise < MIN_RISE:
+        return None
+    spread = _MAD_TO_SIGMA * float(np.median(np.abs(history - median)))
+    z = rise / spread if spread > 0 else math.inf
+    return Spike(z, median) if z >= THRESHOLD else None

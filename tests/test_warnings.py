@@ -337,3 +337,22 @@ def test_zoo_models_do_not_warn(source):
         runner.close()
     assert steps == 60
     assert [w.describe() for w in runner.watch.early_warnings.warnings] == []
+
+
+def test_the_history_keeps_a_steps_early_warnings_as_events_until_a_rewind():
+    from gradscope.core.facts import EarlyWarning, StepStats
+    from gradscope.core.history import RunHistory
+
+    history = RunHistory()
+    warning = EarlyWarning(3, "fc", "drifting", "max |x|", 40.0, 65504.0, "max |x| 5 -> 40")
+    for step in range(5):
+        zeros = np.zeros(1)
+        stats = StepStats(
+            step, 1.0, 1.0, zeros + 1, None, None, zeros, zeros, np.full(1, 2), zeros + 1
+        )
+        stats.warnings = [warning] if step == 3 else []
+        history.extend([(step, 1.0, stats, None)], ["fc"])
+    assert history.warnings == [warning]
+    assert [(e.step, e.kind, e.layer) for e in history.events] == [(3, "warning", "fc")]
+    history.rewind_to(3)
+    assert history.warnings == [] and history.events == []

@@ -25,6 +25,7 @@ from gradscope.core.facts import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SKIPPED,
+    EarlyWarning,
     Origin,
     StatisticInfo,
     StepStats,
@@ -58,7 +59,8 @@ class Event:
     """Something worth a line in the events list: a status onset or the NaN/Inf origin."""
 
     step: int
-    # "exploding", "vanishing", "nonfinite", "origin", or an episode's ("spoiled weights")
+    # "exploding", "vanishing", "nonfinite", "origin", "warning" (an early warning), or an
+    # episode's ("spoiled weights")
     kind: str
     layer: str | None
     message: str
@@ -419,6 +421,8 @@ class RunHistory:
         self.first_nonfinite: Origin | None = None
         # Every NaN/Inf episode's origin, in order (the first is ``first_nonfinite``).
         self.origins: list[Origin] = []
+        # The early warnings of the run (StepStats.warnings), each also an Event "warning".
+        self.warnings: list[EarlyWarning] = []
         # Each layer's last status, for the onsets of the next step.
         self.onsets = StatusOnsets()
         # Why a layer's gradient is tiny, where the engine saw it (StepStats.tiny_reasons).
@@ -514,6 +518,9 @@ class RunHistory:
             self._note_onsets(step, layer_names, stats)
             for kind, layer, message in stats.episode_events or ():
                 self.events.append(Event(step, kind, layer, message))
+            for warning in stats.warnings:
+                self.warnings.append(warning)
+                self.events.append(Event(step, "warning", warning.module, warning.describe()))
             if param_names is not None and len(stats.param_grad_norm) == len(param_names):
                 self._add_parameter_norms(row, [stats], param_names, param_layers)
         self.count += 1
@@ -539,7 +546,7 @@ class RunHistory:
         if not steps:
             return
         if len(set(layer_names)) < len(layer_names) or any(
-            stats is None or origin is not None or stats.episode_events
+            stats is None or origin is not None or stats.episode_events or stats.warnings
             for _, _, stats, origin in steps
         ):
             for step, loss, stats, origin in steps:  # rare: each in turn
@@ -755,6 +762,7 @@ class RunHistory:
         else:
             self.origins = [o for o in self.origins if o.step < step]
         self.events = [event for event in self.events if event.step < step]
+        self.warnings = [warning for warning in self.warnings if warning.step < step]
         if self.first_nonfinite is not None:
             if found_at is None:
                 found_at = self.first_nonfinite.step

@@ -247,7 +247,10 @@ def test_compile_orders_on_cuda(order, mode):
     traced into the capture's CUDA generator read and raised an AssertionError before),
     the statistics equal the compiled backward's gradients, and a NaN in the batch is
     named as the batch's."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     torch.manual_seed(0)
     model = _CompiledNet().cuda()
     watch, call = _compiled_watch(order, model, mode)
@@ -265,9 +268,12 @@ def test_compile_orders_on_cuda(order, mode):
                     float(torch.linalg.vector_norm(p.grad.double())) for p in model.parameters()
                 ]
                 assert stats.param_grad_norm.tolist() == pytest.approx(expected, rel=1e-5)
+        compiled = counters["stats"]["unique_graphs"]
     finally:
         watch.close()
         torch._dynamo.reset()
+    assert compiled >= 1, "dynamo compiled nothing: the case did not run compiled"
+    print(f"{order}, {mode}: {compiled} graph(s) compiled")
     origin = stats.origin
     assert stats.nonfinite and origin.phase == "input", origin
     assert origin.details["samples"] == [3]

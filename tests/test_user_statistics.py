@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from models.issue_statistics import GradRMS, OutRMS
 from torch import nn
 
 import gradscope
@@ -17,24 +18,6 @@ from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import StatisticInfo
 from gradscope.core.watch import figures as tensor_reads
 from gradscope.core.watch.statistics import BUILT_INS, MaxAbs
-
-
-class GradRMS(gradscope.Statistic):
-    name = "grad_rms"  # the key in StepStats, recordings, JSON, CSV, tags
-    label = "RMS of the gradient"  # what the app's selector shows
-    combine = "max"  # a layer's parameters: "sum", "max", "rss" (root of summed squares) or "mean"
-    every = 1  # measured at steps 0, every, 2*every, ...; default: the watch's detail_every
-
-    def parameter(self, grad, weight):  # one parameter: a 0-d tensor, on its device, no .item()
-        return grad.float().pow(2).mean().sqrt()
-
-
-class OutRMS(gradscope.Statistic):
-    name = "out_rms"
-    every = 2  # steps 0, 2, 4, ...
-
-    def output(self, module, output):  # a forward statistic, on each watched module's output
-        return output.float().pow(2).mean().sqrt()
 
 
 def _model() -> nn.Module:

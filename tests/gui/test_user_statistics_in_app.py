@@ -11,34 +11,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
+from models.issue_statistics import GradRMS, OutRMS
 from PySide6.QtGui import QImage
 from torch import nn
 
 import gradscope
-
-if not hasattr(gradscope, "Statistic"):
-    pytest.skip("gradscope.Statistic (the engine's protocol) is not here", allow_module_level=True)
-
-
-class GradRMS(gradscope.Statistic):
-    name = "grad_rms"  # the key in StepStats, recordings, JSON, CSV, tags
-    label = "RMS of the gradient"  # what the app's selector shows
-    combine = "max"  # a layer's parameters: "sum", "max", "rss" (root of summed squares) or "mean"
-    every = 1  # measured at steps 0, every, 2*every, ...; default: the watch's detail_every
-
-    def parameter(self, grad, weight):  # one parameter: a 0-d tensor, on its device, no .item()
-        return grad.float().pow(2).mean().sqrt()
-
-
-class OutRMS(gradscope.Statistic):
-    name = "out_rms"
-    every = 2  # steps 0, 2, 4, ...
-
-    def output(self, module, output):  # a forward statistic, on each watched module's output
-        return output.float().pow(2).mean().sqrt()
-
 
 STEPS = 50  # more than the plot's DOTS_UP_TO: only a sparse statistic is drawn as dots
 

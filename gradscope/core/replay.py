@@ -43,7 +43,6 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from gradscope.core.facts import Origin, StepStats
-from gradscope.core.origin import float_tensors
 from gradscope.core.rng import (
     NO_RANDOM_STATE,
     RandomState,
@@ -52,6 +51,7 @@ from gradscope.core.rng import (
     restore_random_state,
 )
 from gradscope.core.safe_locate import locate_safely, statistics_origin
+from gradscope.core.tensor_tree import float_tensors
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.wrappers import sharded_reason, wrapper_chain
 

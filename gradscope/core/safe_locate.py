@@ -31,8 +31,9 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from gradscope.core.facts import STATUS_NONFINITE, Origin, StepStats
-from gradscope.core.origin import locate_first_nonfinite, loss_from_output, origin_from_statistics
+from gradscope.core.origin.traced_step import locate_first_nonfinite, origin_from_statistics
 from gradscope.core.rng import capture_random_state, restore_random_state
+from gradscope.core.tensor_tree import loss_from_output
 from gradscope.core.trace import trace_step
 from gradscope.core.wrappers import running_locally, sharded_reason, unwrap_model
 

@@ -167,7 +167,7 @@ def _module_from_frames(frame: Any, modules: dict[int, str]) -> str | None:
 class _Tracer(TorchFunctionMode):
     """Sees every torch operation of the diagnostic forward: labels the autograd nodes it
     creates with (op, module, line), keeps the candidate ops that made a NaN or an Inf, and
-    saves a weight before an op writes it in place."""
+    tells ``keep_weight`` of a weight before an op writes it in place."""
 
     def __init__(
         self,
@@ -183,7 +183,8 @@ class _Tracer(TorchFunctionMode):
         self.modules = modules
         self.module_objects = module_objects
         self.weight_storage = weight_storage
-        self.saved_weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # told of each weight an op is about to write in place, so that it can be put back
+        self.keep_weight: Callable[[torch.Tensor], None] = lambda weight: None
         self.labels: dict[Any, _OpRecord] = {}
         self.candidates: list[_Candidate] = []
         self.loss_fallback: _Candidate | None = None
@@ -280,8 +281,8 @@ class _Tracer(TorchFunctionMode):
             except (RuntimeError, NotImplementedError):
                 continue
             weight = self.weight_storage.get(pointer)
-            if weight is not None and id(weight) not in self.saved_weights:
-                self.saved_weights[id(weight)] = (weight, weight.detach().clone())
+            if weight is not None:
+                self.keep_weight(weight)
 
     # -- forward checks ------------------------------------------------------------------
     def _inputs(self, args: tuple, kwargs: dict[str, Any]) -> list[torch.Tensor]:

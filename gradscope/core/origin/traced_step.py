@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from gradscope.core.facts import Origin, SourceLocation, StepStats
+from gradscope.core.invisible_rerun import InvisibleRerun
 from gradscope.core.origin.forward_tracer import _Candidate, _OpRecord, _Tracer
 from gradscope.core.origin.input_blame import (
     _bad_tensors,
@@ -171,16 +172,9 @@ def _trace_step(
         handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
         handles.append(module.register_forward_hook(post_hook(name), with_kwargs=True))
 
-    saved_grads = {id(p): p.grad for p in model.parameters()}
-    saved_data = [(p, p.data) for p in model.parameters()]
-    saved_buffers = [
-        (owner, name, buffer, buffer.detach().clone())
-        for owner in model.modules()
-        for name, buffer in owner._buffers.items()
-        if buffer is not None
-    ]
-    for p in model.parameters():
-        p.grad = None
+    # the random generators and Python state are the caller's (locate_safely's)
+    rerun = InvisibleRerun(model, run_state=False)
+    tracer.keep_weight = rerun.keep_weight
     backward_hit: list[_BackwardHit] = []
     try:
         with tracer:
@@ -239,18 +233,7 @@ def _trace_step(
         for handle in handles:
             handle.remove()
         module_stack.clear()
-        with torch.no_grad():
-            for owner, name, buffer, value in saved_buffers:
-                if owner._buffers.get(name) is not buffer:
-                    owner._buffers[name] = buffer
-                buffer.copy_(value)
-            for p, data in saved_data:
-                if p.data.untyped_storage().data_ptr() != data.untyped_storage().data_ptr():
-                    p.data = data
-            for weight, value in tracer.saved_weights.values():
-                weight.copy_(value)
-        for p in model.parameters():
-            p.grad = saved_grads.get(id(p))
+        rerun.restore()
 
 
 def _outside_hooks_origin(

@@ -27,7 +27,7 @@ def test_core_sources_do_not_import_qt():
 def test_importing_engine_and_cli_loads_no_qt():
     code = (
         "import sys, gradscope.cli, gradscope.core.runner, gradscope.core.report, "
-        "gradscope.core.history, gradscope.core.origin\n"
+        "gradscope.core.history, gradscope.core.origin, gradscope.core.invisible_rerun\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {QT_MODULES!r}]\n"
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -122,8 +122,23 @@ def _gradscope_import_graph() -> dict[str, set[str]]:
                 found = known(name)
                 if found is not None and found != module:
                     targets.add(found)
+                    targets.update(_packages_run_first(found, module, paths))
         graph[module] = targets
     return graph
+
+
+def _packages_run_first(target: str, importer: str, paths: dict[str, Path]) -> list[str]:
+    """The packages whose ``__init__`` runs when ``importer`` imports ``target``: each one
+    above ``target`` that ``importer`` is not inside (its own packages have started already).
+    ``gradscope.core.origin.kinds`` imported from ``gradscope.core.replay`` runs
+    ``gradscope/core/origin/__init__.py`` first, and all that it imports."""
+    parts = target.split(".")
+    found = []
+    for end in range(1, len(parts)):
+        package = ".".join(parts[:end])
+        if package in paths and not (importer + ".").startswith(package + "."):
+            found.append(package)
+    return found
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -183,3 +198,26 @@ def test_the_circle_finder_sees_function_and_type_only_imports(tmp_path, monkeyp
     (package / "c.py").write_text("import gradscope.a\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert _circles(_gradscope_import_graph()) == [["gradscope.a", "gradscope.b"]]
+
+
+def test_the_circle_finder_sees_a_package_init_run_by_a_submodule_import(tmp_path, monkeypatch):
+    # Importing gradscope.pkg.leaf runs gradscope/pkg/__init__.py first; here that imports
+    # gradscope.pkg.inner, which needs gradscope.other, the importer: a circle no import
+    # statement names end to end (importing gradscope.other fails on it).
+    package = tmp_path / "gradscope"
+    (package / "pkg").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "pkg" / "__init__.py").write_text("from gradscope.pkg.inner import f\n")
+    (package / "pkg" / "inner.py").write_text("from gradscope.other import h\n\n\ndef f(): ...\n")
+    (package / "pkg" / "leaf.py").write_text("def g(): ...\n")
+    (package / "other.py").write_text("from gradscope.pkg.leaf import g\n\n\ndef h(): ...\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert _circles(_gradscope_import_graph()) == [
+        ["gradscope.other", "gradscope.pkg", "gradscope.pkg.inner"]
+    ]
+    # A sibling's import inside the package runs no __init__ again: no circle of its own.
+    (package / "other.py").write_text("def h(): ...\n")
+    (package / "pkg" / "inner.py").write_text(
+        "from gradscope.pkg.leaf import g\n\n\ndef f(): ...\n"
+    )
+    assert _circles(_gradscope_import_graph()) == []

@@ -26,7 +26,9 @@ arguments lie outside the compiled region.
 None of it synchronises with the device. When a step goes non-finite, :meth:`StepReplay.locate`
 repeats each of the step's forward calls (micro-batches: each in turn) through
 :func:`gradscope.core.safe_locate.locate_safely`, which bounds it in time, runs no
-collective and restores the weights, buffers, gradients and random generators.
+collective and, through :mod:`gradscope.core.invisible_rerun`, starts the repeat from the
+call's random state and buffers and puts back the weights, buffers, gradients and random
+generators after it.
 """
 
 from __future__ import annotations
@@ -43,15 +45,15 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from gradscope.core.facts import Origin, StepStats
-from gradscope.core.origin import float_tensors
+from gradscope.core.invisible_rerun import start_from
 from gradscope.core.rng import (
     NO_RANDOM_STATE,
     RandomState,
     capture_random_state,
     cuda_started,
-    restore_random_state,
 )
 from gradscope.core.safe_locate import locate_safely, statistics_origin
+from gradscope.core.tensor_tree import float_tensors
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.wrappers import sharded_reason, wrapper_chain
 
@@ -301,12 +303,10 @@ class _ChangingBuffers:
         call.buffers = [call.buffers[i] for i in changed]
         self._learning = []
 
-    def restore(self, values: list[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for (owner, name), value in zip(self.slots or [], values, strict=False):
-                buffer = owner._buffers.get(name)
-                if buffer is not None and buffer.shape == value.shape:
-                    buffer.copy_(value)
+    def named(self, values: list[torch.Tensor]) -> list[tuple[nn.Module, str, torch.Tensor]]:
+        """``values`` (a forward's copies) with the buffers they are the values of."""
+        slots = self.slots or []
+        return [(owner, name, value) for (owner, name), value in zip(slots, values, strict=False)]
 
 
 class StepReplay:
@@ -882,8 +882,7 @@ class StepReplay:
         loss, else a scalar whose gradient at the output is the kept one."""
 
         def repeat() -> Any:
-            restore_random_state(call.random_state)
-            self._buffers.restore(call.buffers)
+            start_from(call.random_state, self._buffers.named(call.buffers))
             args = tree_map(_fresh_leaf, call.args)
             kwargs = tree_map(_fresh_leaf, call.kwargs)
             self._off = True

@@ -13,10 +13,9 @@ Inside a user's week-long job that re-run must never be what kills or hangs the 
 - compiled models are re-run eagerly (``_orig_mod``), so dynamo neither recompiles nor warns;
 - it is bounded in time: every torch operation of the re-run checks a deadline, and the
   re-run runs in the caller's thread, so nothing of it touches the model after it returns;
-- it is invisible: the random number generators are restored (the user's next dropout mask
-  is the one it would have been), ``locate_first_nonfinite`` restores gradients and
-  buffers, and the modules' plain Python attributes (numbers, flags, strings: a call
-  counter in ``forward``) are put back as they were before the re-run.
+- it is invisible: :mod:`gradscope.core.invisible_rerun` puts back the random generators
+  (the user's next dropout mask is the one it would have been), the gradients, buffers and
+  weights, and the modules' plain Python attributes (a call counter in ``forward``).
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from gradscope.core.facts import STATUS_NONFINITE, Origin, StepStats
-from gradscope.core.origin import locate_first_nonfinite, loss_from_output, origin_from_statistics
-from gradscope.core.rng import capture_random_state, restore_random_state
+from gradscope.core.invisible_rerun import InvisibleRerun
+from gradscope.core.origin.traced_step import locate_first_nonfinite, origin_from_statistics
 from gradscope.core.trace import trace_step
 from gradscope.core.wrappers import running_locally, sharded_reason, unwrap_model
 
@@ -103,15 +102,15 @@ def locate_safely(
     if reason is not None:
         return unknown_origin(stats, reason)
     eager = unwrap_model(model)
-    rng = capture_random_state()
+    # the model's tensors are put back by the traced step itself, around its forward and
+    # backward (locate_first_nonfinite promises that to its own callers too)
+    rerun = InvisibleRerun(eager, model_tensors=False)
     started = time.monotonic()
-    others = _OtherGradients(eager)
-    plain = _PlainState(eager)
     try:
         with running_locally(model), _Deadline(timeout), torch.enable_grad():
             with trace_step(eager, stats.step, summaries=True) as trace:
                 found = locate_first_nonfinite(
-                    eager, others.watching(locate), stats.step, batch=batch
+                    eager, rerun.watching(locate), stats.step, batch=batch
                 )
     except LocateTimeout as error:
         return unknown_origin(
@@ -131,9 +130,7 @@ def locate_safely(
             error=f"{type(error).__name__}: {first_line}",
         )
     finally:
-        others.restore()
-        restore_random_state(rng)
-        changed = plain.restore()
+        changed = rerun.restore()
     seconds = time.monotonic() - started
     if found is None:
         if _distributed_world() > 1:
@@ -173,90 +170,6 @@ def locate_safely(
         if len(trace.events) > MAX_TRACE_EVENTS:
             found.details["trace_events_dropped"] = len(trace.events) - MAX_TRACE_EVENTS
     return found
-
-
-_PLAIN_TYPES = (int, float, bool, str, type(None))
-
-
-class _PlainState:
-    """The modules' plain Python attributes (numbers, flags, strings, None) before the
-    re-run. A forward that counts its calls (``self.calls += 1``) or keeps a flag would
-    otherwise see the re-run as one more call of the user's."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self._modules = list(model.named_modules())
-        self._values = [
-            {k: v for k, v in vars(module).items() if type(v) in _PLAIN_TYPES}
-            for _, module in self._modules
-        ]
-
-    def restore(self) -> str:
-        """Put back what the re-run changed (and drop what it added); a short account of
-        the changes, empty when there was none."""
-        changes = []
-        for (name, module), before in zip(self._modules, self._values, strict=True):
-            now = vars(module)
-            for key, value in list(now.items()):
-                if type(value) not in _PLAIN_TYPES:
-                    continue
-                if key not in before:
-                    del now[key]
-                elif value is not before[key] and value != before[key]:
-                    now[key] = before[key]
-                else:
-                    continue
-                label = f"{name}.{key}" if name else key
-                changes.append(f"{label} {before.get(key)!r} -> {value!r}")
-            for key, value in before.items():
-                if key not in now:  # deleted by the re-run
-                    now[key] = value
-        shown = ", ".join(changes[:3])
-        return shown + (f" and {len(changes) - 3} more" if len(changes) > 3 else "")
-
-
-class _OtherGradients:
-    """The ``.grad`` of every leaf the re-run's loss reaches that is not one of the model's
-    parameters (those :func:`locate_first_nonfinite` restores itself): a GAN's
-    discriminator when the generator is watched, an input that requires a gradient. Set
-    aside when the re-run's loss exists, before its backward; put back after."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self._own = {id(p) for p in model.parameters()}
-        self._saved: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-
-    def watching(self, locate: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> Any:
-            output = locate()
-            try:
-                loss = loss_from_output(output)
-            except TypeError:
-                return output  # locate_first_nonfinite says what is wrong with it
-            self._save(loss)
-            return output
-
-        return run
-
-    def _save(self, loss: torch.Tensor) -> None:
-        seen: set[Any] = set()
-        pending = [loss.grad_fn]
-        while pending:
-            node = pending.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            leaf = getattr(node, "variable", None)
-            if isinstance(leaf, torch.Tensor):
-                if id(leaf) not in self._own:
-                    # backward accumulates into an existing .grad in place: set it aside
-                    self._saved.append((leaf, leaf.grad))
-                    leaf.grad = None
-                continue
-            pending.extend(next_node for next_node, _ in node.next_functions)
-
-    def restore(self) -> None:
-        for leaf, grad in self._saved:
-            leaf.grad = grad
-        self._saved.clear()
 
 
 def _nonfinite_layers(stats: StepStats, layer_names: list[str]) -> list[str]:

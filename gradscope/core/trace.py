@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradscope.core.origin import float_tensors
+from gradscope.core.tensor_tree import float_tensors
 
 FORWARD, BACKWARD = "forward", "backward"
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
+from gradscope.core.invisible_rerun import start_from
 from gradscope.core.origin import loss_from_output
-from gradscope.core.rng import RandomState, capture_random_state, restore_random_state
+from gradscope.core.rng import RandomState, capture_random_state
 
 # Micro-batches of one optimizer step kept for the repeat (references, not copies).
 MAX_KEPT = 64
@@ -51,7 +52,7 @@ class KeptSteps:
         def locate() -> torch.Tensor:
             total = None
             for micro_batch in kept:
-                restore_random_state(micro_batch.random_state)
+                start_from(micro_batch.random_state, ())
                 with self._context():
                     loss = loss_from_output(micro_batch.step())
                 if total is None:

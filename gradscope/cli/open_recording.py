@@ -58,7 +58,7 @@ def open_command(argv: Sequence[str]) -> int:
     except GradScopeError as error:
         print_error(error)
         return EXIT_BAD_INPUT
-    launch = app.app_launcher()
+    launch = app.app_launcher()  # looked up on its module, where a test replaces it
     if launch is None:
         return EXIT_BAD_INPUT
     return launch(

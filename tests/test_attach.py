@@ -14,7 +14,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.optim import optimizer as optimizer_module
 
-from gradscope.cli import _split_attach_argv, main
+from gradscope.cli import main
+from gradscope.cli.attach import split_attach_argv
 from gradscope.core.recording import RecordingReader
 
 TESTS = Path(__file__).parent
@@ -143,11 +144,11 @@ def test_a_missing_script_is_bad_input(tmp_path, capfd):
 
 
 def test_options_stop_at_the_script():
-    assert _split_attach_argv(["--layers", "fc*", "conv1", "train.py", "--lr", "1"]) == (
+    assert split_attach_argv(["--layers", "fc*", "conv1", "train.py", "--lr", "1"]) == (
         ["--layers", "fc*", "conv1"],
         ["train.py", "--lr", "1"],
     )
-    assert _split_attach_argv(["--record", "r.gsrec", "--open", "t.py", "--record"]) == (
+    assert split_attach_argv(["--record", "r.gsrec", "--open", "t.py", "--record"]) == (
         ["--record", "r.gsrec", "--open"],
         ["t.py", "--record"],
     )

@@ -241,7 +241,7 @@ def test_open_shows_the_named_rank_or_rank_0_of_the_set(rank_recordings, monkeyp
         opened.append(kwargs["recording"])
         return 0
 
-    monkeypatch.setattr(cli, "_app_launcher", lambda: launch)
+    monkeypatch.setattr(cli.app, "app_launcher", lambda: launch)
     assert main(["open", str(rank_recordings / "run.gsrec")]) == 0
     assert main(["open", str(rank_recordings / "run.rank1.gsrec")]) == 0
     assert opened == [

@@ -40,7 +40,7 @@ def launched(monkeypatch) -> list[str]:
 
         return launch
 
-    monkeypatch.setattr(cli, "_app_launcher", launcher)
+    monkeypatch.setattr(cli.app, "app_launcher", launcher)
     return calls
 
 

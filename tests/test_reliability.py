@@ -179,7 +179,7 @@ def test_crafted_recording_is_one_line_and_exit_2(
     needle = CRAFTED[name][1]
     assert_one_line(main(["report", str(path)]), capsys.readouterr().err, needle)
     # gradscope open checks the file before any window opens (the window is the app test's)
-    monkeypatch.setattr("gradscope.cli._app_launcher", lambda: lambda **_: 0)
+    monkeypatch.setattr("gradscope.cli.app.app_launcher", lambda: lambda **_: 0)
     assert_one_line(main(["open", str(path)]), capsys.readouterr().err, needle)
     with pytest.raises(GradScopeError, match="is damaged"):
         with RecordingReader(path) as reader:

@@ -2,8 +2,9 @@
 batched tensor ops and one host transfer per step, and the origin of each NaN/Inf.
 
 This class only coordinates; each idea has its own module in this package: which parameters
-are read and how they are grouped (binding), the tensor reads (figures, reads), exact figures
-on rare steps (exact), per-layer aggregation (layers) and status (status), NaN/Inf episodes
+are read and how they are grouped (binding), the tensor reads (figures, reads), the step's
+true gradient norms (norms), exact figures on rare steps (exact), per-layer aggregation
+(layers, per_layer), statuses and the step's flags (verdict, status), NaN/Inf episodes
 (episodes), mixed precision (loss_scale), the update ratio (update_ratio), torch.distributed
 (distributed), and where a step goes (sinks).
 """
@@ -23,14 +24,12 @@ from torch import nn
 
 from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import (
-    STATUS_NONFINITE,
     STATUS_VANISHING,
     LayerInfo,
     Origin,
     StatisticInfo,
     StepStats,
 )
-from gradscope.core.origin import float_tensors
 from gradscope.core.replay import DEFAULT_GRADIENT_BYTES, make_replay
 from gradscope.core.sharded import RankExchange, local
 from gradscope.core.tiny_gradient import tiny_scale_after
@@ -40,26 +39,27 @@ from gradscope.core.warnings.observations import step_observations
 from gradscope.core.watch.binding import Binding, bind
 from gradscope.core.watch.distributed import UnreducedCheck, fact_device
 from gradscope.core.watch.episodes import Episodes
-from gradscope.core.watch.exact import ExactReads
 from gradscope.core.watch.figures import accumulation_dtype, squares_of
 from gradscope.core.watch.host import to_host
-from gradscope.core.watch.layers import (
-    absent_status,
-    layer_max,
-    layer_norms,
-    layer_norms_of_squares,
-    layer_sums,
-)
-from gradscope.core.watch.loss_scale import judge_scaled_step, scale_divisors
+from gradscope.core.watch.norms import settle_norms
 from gradscope.core.watch.outputs import OutputReads
-from gradscope.core.watch.reads import Figures, Transfer, launch, place, without_grad
+from gradscope.core.watch.per_layer import per_layer_figures
+from gradscope.core.watch.reads import (
+    Figures,
+    ReadSetup,
+    Transfer,
+    launch,
+    place,
+    without_grad,
+)
 from gradscope.core.watch.sinks import Sinks
 from gradscope.core.watch.statistic_set import StatisticSet
 from gradscope.core.watch.statistics import Statistic
 from gradscope.core.watch.statistics.output_log_partition import OutputLogPartition
 from gradscope.core.watch.statistics.output_max_abs import OutputMaxAbs
-from gradscope.core.watch.status import StatusTracker, classify_step
+from gradscope.core.watch.status import StatusTracker
 from gradscope.core.watch.update_ratio import UpdateRatio
+from gradscope.core.watch.verdict import judge_step
 from gradscope.core.wrappers import named_layers, unwrap_model
 
 
@@ -210,6 +210,7 @@ class GradientWatch:
         self._step = 0
         self._collected = 0  # steps collected by this watch (its step numbering may be set)
         self.update = UpdateRatio(self.exchange, self.fact_device)
+        self.read_setup = ReadSetup(self.statistics, self.update, self.exchange)
         self.last: StepStats | None = None
         self.episodes = Episodes(int(max_located), float(locate_timeout))
         # What repeating a step without locate= needs, captured at each training forward.
@@ -217,7 +218,6 @@ class GradientWatch:
             self.wrapped_model, enabled=replay, max_gradient_bytes=max_gradient_bytes
         )
         self._handles: list[Any] = []
-        self._kinds_cache: tuple[Any, torch.Tensor] | None = None
         # The optimizers that write the weights: an "update" origin names them, and with
         # update_ratio their steps are measured. A runner that replaces its optimizer
         # updates this list.
@@ -342,14 +342,6 @@ class GradientWatch:
     def fact_device(self) -> torch.device:
         return fact_device(self.exchange)
 
-    def kinds_tensor(self, kinds: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        """The exchange's reduction kinds as a device tensor, made once per layout."""
-        cached = self._kinds_cache
-        if cached is None or cached[0] != (kinds, device):
-            cached = ((kinds, device), torch.tensor(kinds, dtype=torch.int8, device=device))
-            self._kinds_cache = cached
-        return cached[1]
-
     # -- collection ------------------------------------------------------------------------
     def _arm_outputs(self) -> None:
         """Hook the watched modules' forward for the next step when a forward statistic is
@@ -371,7 +363,25 @@ class GradientWatch:
             outputs = self.outputs.take()
             if not outputs:  # no forward ran with the hooks (armed after it): not measured
                 self._output_reads = ()
-        return launch(self, loss, batch, reads=self._reads, facts=True, outputs=outputs)
+        if self.binding.parameters_replaced(self.model):
+            self.rebind()
+        binding = self.binding
+        # FSDP1 units only: flat groups are sharded
+        self.unreduced = binding.sharded and without_grad(
+            self.check_unreduced, [*binding.groups, *binding.unwatched_groups], self.exchange
+        )
+        return launch(
+            binding,
+            self.read_setup,
+            loss,
+            batch,
+            reads=self._reads,
+            facts=True,
+            unreduced=self.unreduced,
+            scaler=self.scaler,
+            update_ratio=self.update_ratio_enabled,
+            outputs=outputs,
+        )
 
     def collect(
         self,
@@ -441,200 +451,110 @@ class GradientWatch:
         """The step's statistics from its transfers (and a second read when it needs the
         detail). The common step (every figure finite, every layer ok) takes a few numpy
         calls: each costs microseconds with the caches cold after a backward."""
-        figures = place(self, transfers)
         binding = self.binding
-        param_norm = figures.param_norm
-        unwatched_sq = figures.unwatched_sq
-        # Only float64 figures can overflow a square (float32 ones end under 1e39).
-        if binding.wide:
-            with np.errstate(over="ignore", invalid="ignore"):
-                squares = np.square(param_norm)
-                watched_sq = float(np.add.reduce(squares))
-        else:
-            squares = np.square(param_norm)
-            watched_sq = float(np.add.reduce(squares))
-        # One sum says that every figure is finite (the common step): a NaN or Inf gradient
-        # makes its norm NaN or Inf (its max |g| adds nothing to that); an overflowed sum of
-        # finite figures only takes the closer look.
-        counted = not math.isfinite(watched_sq)
-        nan_per_param = inf_per_param = None
-        divisor = 1.0
-        if counted or figures.imprecise or figures.unwatched_bad or figures.scale is not None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                exact = ExactReads(binding, self.exchange, self.unreduced)
-                if counted:
-                    suspicious = ~np.isfinite(param_norm)
-                    if "max_abs" in figures.per_param:
-                        suspicious |= ~np.isfinite(figures.per_param["max_abs"])
-                    nan_per_param = np.zeros(len(param_norm), dtype=np.int64)
-                    inf_per_param = np.zeros(len(param_norm), dtype=np.int64)
-                    exact.count_nonfinite(
-                        np.flatnonzero(suspicious), param_norm, nan_per_param, inf_per_param
-                    )
-                if figures.imprecise:
-                    # One read for all of them (a vanishing step flags many parameters).
-                    flagged = np.concatenate(figures.imprecise)
-                    param_norm[flagged] = exact.norms(flagged)
-                if figures.unwatched_bad:
-                    unwatched_sq += exact.unwatched_squares(figures.unwatched_bad)
-                if figures.scale is not None:
-                    # Gradients still scaled by the loss scaler: the true ones are 1/scale.
-                    divisor, unwatched_divisor = scale_divisors(
-                        self.scaler, self.optimizers, binding.params, figures.scale
-                    )
-                    param_norm = param_norm / divisor
-                    unwatched_sq = unwatched_sq / unwatched_divisor**2
-                squares = np.square(param_norm)
-                watched_sq = float(np.add.reduce(squares))
-        grad_norm = layer_norms_of_squares(binding, squares)
-        total = math.sqrt(watched_sq + unwatched_sq)
-        layers = len(binding.offsets)
-        if counted:
-            nan_count = layer_sums(binding, nan_per_param)
-            inf_count = layer_sums(binding, inf_per_param)
-        else:  # the common step: nothing to count
-            nan_count, inf_count = np.zeros((2, layers), dtype=np.int64)
-        status, all_ok = classify_step(
-            grad_norm,
-            nan_count + inf_count if counted else None,
-            self.explode_threshold,
-            self.vanish_threshold,
+        figures = place(binding, self.kept_figures, self.update, transfers)
+        norms = settle_norms(
+            figures,
+            binding,
+            exchange=self.exchange,
+            unreduced=self.unreduced,
+            scaler=self.scaler,
+            optimizers=self.optimizers,
         )
-        measured = None  # every layer got a gradient
-        if figures.has_grad is not None or binding.has_empty_layers:
-            with_grad = layer_sums(binding, figures.with_grad().astype(np.intp))
-            measured = with_grad > 0
-            without = np.flatnonzero(~measured)
-            if len(without):
-                status[without] = absent_status(binding, without)
-        if not all_ok or self.statuses.counting or measured is not None:
-            self.statuses.persist(status, measured)
-        loss_value = figures.loss
-        loss_nonfinite = loss_value is not None and not math.isfinite(loss_value)
-        unwatched_nonfinite = not math.isfinite(unwatched_sq)
-        skipped = collapsed = False
-        if figures.scale is not None:
-            scaled = judge_scaled_step(
-                status,
-                scale=figures.scale,
-                collapse_below=self.scale_collapse_below,
-                loss_nonfinite=loss_nonfinite,
-                batch_nonfinite=_batch_nonfinite(batch, status, unwatched_nonfinite),
-                unwatched_nonfinite=unwatched_nonfinite,
-            )
-            skipped, collapsed = scaled.skipped, scaled.collapsed
-            unwatched_nonfinite = scaled.unwatched_nonfinite
-        # Decided from the statuses alone under sharding: every rank then takes the same
-        # decision (the second read exchanges figures); a rank's own loss could differ.
-        trouble = not binding.sharded and (loss_nonfinite or unwatched_nonfinite or collapsed)
-        # A nonfinite status is never all ok: the common step looks at no status.
-        nonfinite = not all_ok and bool((status == STATUS_NONFINITE).any())
+        verdict = judge_step(
+            figures,
+            norms,
+            binding,
+            self.statuses,
+            explode_threshold=self.explode_threshold,
+            vanish_threshold=self.vanish_threshold,
+            scale_collapse_below=self.scale_collapse_below,
+            batch=batch,
+        )
+        status = verdict.status
         statuses = status.tobytes()
         changed = self.statuses.changed(statuses)
         # Not under sharding: reading a sharded scale would be a collective of its own.
         tiny_reasons = self._tiny_reasons(status) if changed and not binding.sharded else None
-        per_param = figures.per_param
         reads = self._reads
         more = self.statistics.trouble_reads(reads)
-        if more and (trouble or changed or nonfinite):
+        if more and (verdict.trouble or changed or verdict.nonfinite):
             # A step that goes wrong or changes status always gets the detail: read it now.
-            # Sharded groups too (one more collective), when every rank takes this decision
-            # from the same reduced figures; with mixed sharding they had it already.
-            again = place(
-                self,
-                launch(
-                    self,
-                    None,
-                    None,
-                    reads=more,
-                    facts=False,
-                    sharded=not (binding.mixed_sharding or self.unreduced),
-                ),
-            )
-            read = again.with_grad()
-            for name, values in again.per_param.items():
-                before = per_param.get(name)
-                per_param[name] = np.where(read, values, 0.0 if before is None else before)
+            self._read_detail_again(figures, more)
             reads = reads + more
         self.statuses.keep(statuses)
         per_layer = (
-            self._per_layer(figures, reads, divisor)
+            per_layer_figures(
+                binding,
+                figures,
+                reads,
+                self._output_reads,
+                divisor=norms.divisor,
+                kept=self.kept_figures,
+                failed=self.statistics.settle(),
+                layer_count=len(self.layers),
+            )
             if reads or self._output_reads or self.statistics.failures
             else {}
         )
         stats = StepStats(
             step=self._step,
-            loss=loss_value,
-            total_grad_norm=total,
-            grad_norm=grad_norm,
+            loss=figures.loss,
+            total_grad_norm=math.sqrt(norms.watched_sq + norms.unwatched_sq),
+            grad_norm=verdict.grad_norm,
             max_abs=per_layer.pop("max_abs", None),
             weight_norm=per_layer.pop("weight_norm", None),
-            nan_count=nan_count,
-            inf_count=inf_count,
+            nan_count=verdict.nan_count,
+            inf_count=verdict.inf_count,
             status=status,
-            param_grad_norm=param_norm,
-            loss_nonfinite=loss_nonfinite,
-            unwatched_nonfinite=unwatched_nonfinite,
+            param_grad_norm=norms.param_norm,
+            loss_nonfinite=verdict.loss_nonfinite,
+            unwatched_nonfinite=verdict.unwatched_nonfinite,
             loss_scale=figures.scale,
-            skipped=skipped,
-            scale_collapsed=collapsed,
+            skipped=verdict.skipped,
+            scale_collapsed=verdict.collapsed,
             ranks=figures.ranks,
             tiny_reasons=tiny_reasons,
             wall_time=time.time(),
             figures=per_layer,
-            known_nonfinite=(nonfinite or loss_nonfinite or unwatched_nonfinite or collapsed),
+            known_nonfinite=(
+                verdict.nonfinite
+                or verdict.loss_nonfinite
+                or verdict.unwatched_nonfinite
+                or verdict.collapsed
+            ),
         )
         self._step += 1
         self._collected += 1
         self.last = stats
         return stats
 
-    def _per_layer(
-        self, figures: Figures, reads: tuple[Statistic, ...], divisor: Any
-    ) -> dict[str, np.ndarray]:
-        """Each statistic read at this step, per layer (its parameters' figures combined as
-        it says; a forward statistic's are per layer already); a statistic that failed at
-        this step is left out, and turned off."""
-        failed = self.statistics.settle()
+    def _read_detail_again(self, figures: Figures, more: tuple[Statistic, ...]) -> None:
+        """The statistics of ``more`` read now, at a step that was not due them, into
+        ``figures``. Sharded groups too (one more collective), when every rank takes this
+        decision from the same reduced figures; with mixed sharding they had it already."""
         binding = self.binding
+        again = place(
+            binding,
+            self.kept_figures,
+            self.update,
+            launch(
+                binding,
+                self.read_setup,
+                None,
+                None,
+                reads=more,
+                facts=False,
+                unreduced=self.unreduced,
+                update_ratio=self.update_ratio_enabled,
+                sharded=not (binding.mixed_sharding or self.unreduced),
+            ),
+        )
+        read = again.with_grad()
         per_param = figures.per_param
-        n_params = len(figures.param_norm)
-        per_layer: dict[str, np.ndarray] = {}
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            for statistic in reads:
-                name = statistic.name
-                if name in failed:
-                    continue
-                values = self.kept_figures.get(name) if statistic.kept else per_param.get(name)
-                if values is None:  # no gradient at all this step
-                    values = np.zeros(n_params)
-                if statistic.scale_power and figures.scale is not None:
-                    values = values / divisor**statistic.scale_power
-                combine = statistic.combine
-                if combine == "max":
-                    per_layer[name] = layer_max(binding, values)
-                elif combine == "sum":
-                    per_layer[name] = layer_sums(binding, values)
-                elif combine == "mean":
-                    counted = (
-                        np.ones(n_params) if statistic.kept else figures.with_grad().astype(float)
-                    )
-                    parts = layer_sums(binding, counted)
-                    per_layer[name] = np.where(
-                        parts > 0, layer_sums(binding, values) / np.maximum(parts, 1), 0.0
-                    )
-                else:
-                    per_layer[name] = layer_norms(binding, values)[0]
-            if self._output_reads:
-                layers = len(self.layers)
-                for statistic in self._output_reads:
-                    if statistic.name not in failed:
-                        per_layer[statistic.name] = np.zeros(layers)
-                for slots, values in figures.outputs:
-                    for (name, index), value in zip(slots, values.tolist(), strict=True):
-                        if name in per_layer and index < layers:
-                            per_layer[name][index] = value
-        return per_layer
+        for name, values in again.per_param.items():
+            before = per_param.get(name)
+            per_param[name] = np.where(read, values, 0.0 if before is None else before)
 
     def _tiny_reasons(self, status: np.ndarray) -> dict[str, str] | None:
         """Why the layers that turn vanishing at this step (a status change: rare) have a
@@ -682,15 +602,3 @@ class GradientWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _batch_nonfinite(batch: Any, status: np.ndarray, unwatched_nonfinite: bool) -> bool:
-    """Whether the step's batch holds NaN/Inf, looked at only on a step whose gradients went
-    non-finite under a loss scaler (rare: one host read then): bad data is a failure, not
-    the scaler's overflow."""
-    if batch is None or not (unwatched_nonfinite or (status == STATUS_NONFINITE).any()):
-        return False
-    tensors = [t for t in float_tensors(batch) if t.numel()]
-    if not tensors:
-        return False
-    return bool(torch.stack([~torch.isfinite(t).all() for t in tensors]).any())

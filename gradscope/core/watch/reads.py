@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from gradscope.core.origin import loss_from_output
 from gradscope.core.sharded import FACT_SLOTS
 from gradscope.core.watch.binding import Binding, ParameterGroup
 from gradscope.core.watch.distributed import (
-    UnreducedCheck,
+    fact_device,
     from_sharded,
     queue_sharded,
     rank_facts,
@@ -59,28 +59,23 @@ from gradscope.core.watch.statistics import Statistic, StatisticError
 from gradscope.core.watch.update_ratio import UpdateRatio
 
 
-class Reader(Protocol):
-    """What the reads use of the watch that runs them (its binding, exchange, update
-    ratio, loss scaler and the weight figures it keeps between steps)."""
+@dataclass
+class ReadSetup:
+    """What a watch's reads use beside its binding, the same for the watch's life: its
+    statistics, its update ratio, its exchange with the other ranks (None without one) and
+    the exchange's reduction kinds as a device tensor, made once per layout."""
 
-    model: Any
-    binding: Binding
-    exchange: Any
-    unreduced: bool
-    check_unreduced: UnreducedCheck
-    update: UpdateRatio
-    update_ratio_enabled: bool
-    scaler: Any
-    weight_norm: np.ndarray
-    # Detail figures a parameter keeps between steps (the weights'), by statistic name.
-    kept_figures: dict[str, np.ndarray]
     statistics: StatisticSet
+    update: UpdateRatio
+    exchange: Any = None
+    _kinds: tuple[Any, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
-    def rebind(self) -> None: ...
-
-    def fact_device(self) -> torch.device: ...
-
-    def kinds_tensor(self, kinds: tuple[int, ...], device: torch.device) -> torch.Tensor: ...
+    def kinds_tensor(self, kinds: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        cached = self._kinds
+        if cached is None or cached[0] != (kinds, device):
+            cached = ((kinds, device), torch.tensor(kinds, dtype=torch.int8, device=device))
+            self._kinds = cached
+        return cached[1]
 
 
 @dataclass
@@ -331,23 +326,40 @@ def _queue_large(
 
 
 def launch(
-    watch: Reader,
+    binding: Binding,
+    setup: ReadSetup,
     loss: Any,
     batch: Any,
     *,
     reads: tuple[Statistic, ...],
     facts: bool,
+    unreduced: bool,
+    scaler: Any = None,
+    update_ratio: bool = False,
     sharded: bool = True,
     outputs: Any = None,
 ) -> list[Transfer]:
     """Queue the step's figures and their copies to the host: every gradient's norm, and
     the statistics of ``reads`` (those due at this step). ``facts``: the step's first read
-    (the per-rank facts, the loss scale, the update ratio's pending sums and the forward
-    statistics' figures, ``outputs``, travel with it). ``sharded=False``: leave the sharded
-    groups out (a second read of a step, which must run no collective: their figures came
-    complete with the first)."""
+    (the per-rank facts, the loss scale of ``scaler``, the update ratio's pending sums and
+    the forward statistics' figures, ``outputs``, travel with it). ``unreduced``: the
+    sharded groups hold each rank's own whole gradients (FSDP1 under ``no_sync()``).
+    ``update_ratio``: the update ratio is measured (against the weights of a step that reads
+    their norms). ``sharded=False``: leave the sharded groups out (a second read of a step,
+    which must run no collective: their figures came complete with the first)."""
     return without_grad(
-        _launch, watch, loss, batch, reads=reads, facts=facts, sharded=sharded, outputs=outputs
+        _launch,
+        binding,
+        setup,
+        loss,
+        batch,
+        reads=reads,
+        facts=facts,
+        unreduced=unreduced,
+        scaler=scaler,
+        update_ratio=update_ratio,
+        sharded=sharded,
+        outputs=outputs,
     )
 
 
@@ -368,42 +380,40 @@ def without_grad(function: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _launch(
-    watch: Reader,
+    binding: Binding,
+    setup: ReadSetup,
     loss: Any,
     batch: Any,
     *,
     reads: tuple[Statistic, ...],
     facts: bool,
+    unreduced: bool,
+    scaler: Any,
+    update_ratio: bool,
     sharded: bool,
     outputs: Any,
 ) -> list[Transfer]:
     loss = None if loss is None else loss_from_output(loss)
-    if watch.binding.parameters_replaced(watch.model):
-        watch.rebind()
-    binding = watch.binding
     devices: dict[torch.device, _Device] = {}
     # Sharded figures, reduced over the ranks before the host transfer (one collective).
     shared: list[torch.Tensor] = []
     shared_kinds: list[int] = []
     shared_layout: list[Entry] = []
-    update = watch.update
-    if facts:  # FSDP1 units only: flat groups are sharded
-        watch.unreduced = binding.sharded and watch.check_unreduced(
-            [*binding.groups, *binding.unwatched_groups], watch.exchange
-        )
+    update = setup.update
+    exchange = setup.exchange
     if facts and update.slots:
         # The last optimizer step's update of sharded weights, reduced with this step's
         # figures. Every rank sends the same slots.
         count = update.send(shared, shared_kinds)
         shared_layout.append(Entry("update", count=count))
-    statistics = watch.statistics
+    statistics = setup.statistics
     # The update ratio is measured against the weight norms of its step.
-    copy_weights = watch.update_ratio_enabled and any(s.name == "weight_norm" for s in reads)
+    copy_weights = update_ratio and any(s.name == "weight_norm" for s in reads)
     # Without a sharded second read (mixed sharding, or each rank's own unreduced gradients:
     # statuses that may differ) sharded groups read what a step that goes wrong needs on
     # every step.
     sharded_reads = reads
-    if binding.mixed_sharding or watch.unreduced:
+    if binding.mixed_sharding or unreduced:
         sharded_reads = reads + statistics.trouble_reads(reads)
     if copy_weights:
         update.start()
@@ -423,7 +433,7 @@ def _launch(
                 sharded_reads,
                 shared,
                 shared_kinds,
-                reduce=not watch.unreduced,
+                reduce=not unreduced,
                 statistics=statistics,
             )
             shared_layout.append(
@@ -463,7 +473,7 @@ def _launch(
             if not grads:
                 continue
             # The gradients' sums of squares alone, as a watched group's plain step.
-            queue_sharded(group, grads, [], (), shared, shared_kinds, reduce=not watch.unreduced)
+            queue_sharded(group, grads, [], (), shared, shared_kinds, reduce=not unreduced)
             if present is None:
                 present = list(range(len(group.params)))
             shared_layout.append(Entry("unwatched", group, present, len(present), squared=True))
@@ -487,7 +497,7 @@ def _launch(
             device.scalars += torch._foreach_norm(grads, 2, dtype=accumulation_dtype(grads[0]))
             # norms, squared as they are placed
             device.scalar_entries.append(Entry("unwatched", group, present, len(present)))
-    scale = scale_tensor(watch.scaler) if facts else None
+    scale = scale_tensor(scaler) if facts else None
     if scale is not None:
         device = devices.setdefault(scale.device, _Device())
         device.scalars.append(scale.detach().reshape(()))
@@ -503,22 +513,22 @@ def _launch(
             device = devices.setdefault(where, _Device())
             device.scalars += values
             device.scalar_entries.append(Entry("outputs", count=len(values), slots=slots))
-    with_facts = facts and watch.exchange is not None
+    with_facts = facts and exchange is not None
     if shared or with_facts:
-        fact_pieces = rank_facts(loss, batch, watch.fact_device()) if with_facts else []
+        fact_pieces = rank_facts(loss, batch, fact_device(exchange)) if with_facts else []
         where = (shared + fact_pieces)[0].device
         pieces = [*shared, torch.stack(fact_pieces)] if fact_pieces else shared
         vector = torch.cat([piece.to(where, torch.float64) for piece in pieces])
-        if watch.exchange is not None:
-            vector = watch.exchange.exchange(
-                vector, watch.kinds_tensor(tuple(shared_kinds), where), len(fact_pieces)
+        if exchange is not None:
+            vector = exchange.exchange(
+                vector, setup.kinds_tensor(tuple(shared_kinds), where), len(fact_pieces)
             )
         # else (collectives=False): this rank's shards only, as the watch's docstring says
         device = devices.setdefault(where, _Device())
         device.vectors.append(vector)
         device.vector_entries += shared_layout
         if fact_pieces:
-            device.vector_entries.append(Entry("ranks", count=watch.exchange.world))
+            device.vector_entries.append(Entry("ranks", count=exchange.world))
     return [
         Transfer(start_host_copy(device.vector()), device.scalar_entries + device.vector_entries)
         for device in devices.values()
@@ -529,14 +539,20 @@ _LOSS = Entry("loss")
 _SCALE = Entry("scale")
 
 
-def place(watch: Reader, transfers: list[Transfer]) -> Figures:
+def place(
+    binding: Binding,
+    kept: dict[str, np.ndarray],
+    update: UpdateRatio,
+    transfers: list[Transfer],
+) -> Figures:
     """Wait for the copies (the step's one synchronisation) and place each figure at its
-    parameter: gradient norms, and on detail steps the detail statistics."""
-    n_params = len(watch.binding.params)
+    parameter: gradient norms, and on detail steps the detail statistics (those a parameter
+    keeps between steps, the weights', into ``kept``, by name; the update ratio's reduced
+    sums go to ``update``)."""
+    n_params = len(binding.params)
     param_norm = np.zeros(n_params)
     figures = Figures(param_norm)
     per_param = figures.per_param
-    kept = watch.kept_figures
     covered = 0
     targets = []
     for transfer in transfers:
@@ -557,7 +573,7 @@ def place(watch: Reader, transfers: list[Transfer]) -> Figures:
                 cursor += 1
                 continue
             if kind == "update":
-                watch.update.receive(watch.binding, values[cursor : cursor + entry.count + 1])
+                update.receive(binding, values[cursor : cursor + entry.count + 1])
                 cursor += entry.count + 1
                 continue
             if kind == "outputs":

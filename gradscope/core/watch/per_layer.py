@@ -1,0 +1,67 @@
+"""Each statistic read at a step, per layer: its parameters' figures combined as the
+statistic says (max, sum, mean or the L2 norm), a forward statistic's placed as measured
+(per layer already)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope.core.watch.binding import Binding
+from gradscope.core.watch.layers import layer_max, layer_norms, layer_sums
+from gradscope.core.watch.reads import Figures
+from gradscope.core.watch.statistics import Statistic
+
+
+def per_layer_figures(
+    binding: Binding,
+    figures: Figures,
+    reads: tuple[Statistic, ...],
+    output_reads: tuple[Statistic, ...],
+    *,
+    divisor: Any,
+    kept: dict[str, np.ndarray],
+    failed: set[str],
+    layer_count: int,
+) -> dict[str, np.ndarray]:
+    """The statistics of ``reads`` (gradient and weight ones; those a parameter keeps
+    between steps are in ``kept``, by name) and of ``output_reads`` (forward ones), per
+    layer; a statistic in ``failed`` (it failed at this step) is left out. Figures of
+    gradients still scaled by a loss scaler are divided by ``divisor`` to the statistic's
+    ``scale_power``."""
+    per_param = figures.per_param
+    n_params = len(figures.param_norm)
+    per_layer: dict[str, np.ndarray] = {}
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for statistic in reads:
+            name = statistic.name
+            if name in failed:
+                continue
+            values = kept.get(name) if statistic.kept else per_param.get(name)
+            if values is None:  # no gradient at all this step
+                values = np.zeros(n_params)
+            if statistic.scale_power and figures.scale is not None:
+                values = values / divisor**statistic.scale_power
+            combine = statistic.combine
+            if combine == "max":
+                per_layer[name] = layer_max(binding, values)
+            elif combine == "sum":
+                per_layer[name] = layer_sums(binding, values)
+            elif combine == "mean":
+                counted = np.ones(n_params) if statistic.kept else figures.with_grad().astype(float)
+                parts = layer_sums(binding, counted)
+                per_layer[name] = np.where(
+                    parts > 0, layer_sums(binding, values) / np.maximum(parts, 1), 0.0
+                )
+            else:
+                per_layer[name] = layer_norms(binding, values)[0]
+        if output_reads:
+            for statistic in output_reads:
+                if statistic.name not in failed:
+                    per_layer[statistic.name] = np.zeros(layer_count)
+            for slots, values in figures.outputs:
+                for (name, index), value in zip(slots, values.tolist(), strict=True):
+                    if name in per_layer and index < layer_count:
+                        per_layer[name][index] = value
+    return per_layer

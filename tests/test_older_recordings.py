@@ -43,6 +43,9 @@ def test_format_2_recording_reports_json_and_csv_as_before(old, tmp_path):
     report, table = tmp_path / "report.json", tmp_path / "steps.csv"
     assert main(["report", str(old), "--json", str(report), "--csv", str(table)]) == 0
     expected = json.loads((DATA / "v2_recording.report.json").read_text(encoding="utf-8"))
+    # Keys the report gained since the fixture was made, with what an older recording gives:
+    # "warnings" (issue #37) is null where the run did not look for early warnings.
+    expected["warnings"] = None
     assert json.loads(report.read_text(encoding="utf-8")) == expected
     assert table.read_text(encoding="utf-8") == (DATA / "v2_recording.csv").read_text(
         encoding="utf-8"

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from gradscope.core.diagnosis import explain
-from gradscope.core.origin import Origin
+from gradscope.core.facts import Origin
 
 _HIGHLIGHT = QColor("#fbd5d5")
 

@@ -20,8 +20,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradscope.core.facts import Origin
 from gradscope.core.history import Event
-from gradscope.core.origin import Origin
 from gradscope.core.watch import STATUS_EXPLODING, STATUS_NONFINITE, STATUS_VANISHING
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import ORIGIN_TINT, origin_icon, status_icon

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from gradscope.core.invisible_rerun import start_from
-from gradscope.core.origin import loss_from_output
 from gradscope.core.rng import RandomState, capture_random_state
+from gradscope.core.tensor_tree import loss_from_output
 
 # Micro-batches of one optimizer step kept for the repeat (references, not copies).
 MAX_KEPT = 64

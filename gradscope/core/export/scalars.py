@@ -20,8 +20,7 @@ from gradscope.core.facts import STATUS_NONFINITE
 from gradscope.core.history import named_figures
 
 if TYPE_CHECKING:
-    from gradscope.core.facts import LayerInfo, StepStats
-    from gradscope.core.origin import Origin
+    from gradscope.core.facts import LayerInfo, Origin, StepStats
 
 PREFIX = "gradscope"
 LAYER_STATISTICS = ("grad_norm", "max_abs", "weight_norm", "update_ratio")

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from gradscope.core.facts import Origin, RankFacts
-from gradscope.core.origin import float_tensors
 from gradscope.core.sharded import KEEP, MAX, SUM, local
+from gradscope.core.tensor_tree import float_tensors
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.watch.binding import ParameterGroup
 from gradscope.core.watch.figures import squares_of

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from gradscope.core.facts import LayerInfo
-from gradscope.core.origin import float_tensors
+from gradscope.core.tensor_tree import float_tensors
 from gradscope.core.watch.statistic_set import StatisticSet
 from gradscope.core.watch.statistics import Statistic
 from gradscope.core.watch.statistics.base import one_value

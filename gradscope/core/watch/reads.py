@@ -34,8 +34,8 @@ import torch
 
 import gradscope.core.watch.figures as tensor_reads
 from gradscope.core.facts import RankFacts
-from gradscope.core.origin import loss_from_output
 from gradscope.core.sharded import FACT_SLOTS
+from gradscope.core.tensor_tree import loss_from_output
 from gradscope.core.watch.binding import Binding, ParameterGroup
 from gradscope.core.watch.distributed import (
     fact_device,

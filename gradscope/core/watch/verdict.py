@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from gradscope.core.facts import STATUS_NONFINITE
-from gradscope.core.origin import float_tensors
+from gradscope.core.tensor_tree import float_tensors
 from gradscope.core.watch.binding import Binding
 from gradscope.core.watch.layers import absent_status, layer_norms_of_squares, layer_sums
 from gradscope.core.watch.loss_scale import judge_scaled_step

@@ -25,7 +25,7 @@ from gradscope.core.errors import (
     ModelScriptError,
     out_of_memory,
 )
-from gradscope.core.facts import Origin
+from gradscope.core.facts import Origin, StatisticInfo
 from gradscope.core.loading import LoadedModel, user_traceback
 from gradscope.core.module_tree import ModuleTree, build_module_tree
 from gradscope.core.rng import RandomState, capture_random_state, restore_random_state
@@ -252,6 +252,12 @@ class StepRunner:
         itself here; a distributed runner wraps it in DDP or shards it."""
         return model
 
+    @property
+    def statistic_infos(self) -> list[StatisticInfo]:
+        """What the watch says of its statistics (labels, schedules): the app's history
+        takes them so that a live run's named statistics show under their labels."""
+        return list(self.watch.statistic_infos) if self.watch is not None else []
+
     # -- configuration between steps -------------------------------------------------
     def _make_watch(self, layers: list[str] | None) -> GradientWatch:
         return GradientWatch(
@@ -298,7 +304,9 @@ class StepRunner:
             self.watch.set_vanish_steps(settings.vanish_steps)
             self.watch.update_ratio_enabled = settings.update_ratio
             self.watch.detail_every = settings.detail_every
-            if settings.layers != old.layers:
+            # The early warnings add forward statistics and their hooks: turning them on or
+            # off makes the watch anew, as a change of the watched layers does.
+            if settings.layers != old.layers or settings.early_warnings != old.early_warnings:
                 self.set_layers(settings.layers)
         self.halted = False
 

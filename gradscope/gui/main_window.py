@@ -275,6 +275,9 @@ class MainWindow(QMainWindow):
 
         self.settings_panel = SettingsPanel(cuda_devices())
         self.settings_panel.settings_edited.connect(self._on_settings_panel_settings_edited)
+        self.settings_panel.pause_at_warning_toggled.connect(
+            self._on_settings_panel_pause_at_warning_toggled
+        )
         self.events_panel = EventsPanel()
         self.events_panel.selection_made.connect(self._on_view_selection_made)
 
@@ -794,6 +797,8 @@ class MainWindow(QMainWindow):
         self._before_load = None
         self.loaded = payload
         self.history = RunHistory()
+        # A live run's named statistics show under their labels, as a recording's do.
+        self.history.describe_statistics(payload.statistic_infos)
         self._rate.clear()
         self._origin_shown = False
         self.selected_step = None
@@ -901,6 +906,15 @@ class MainWindow(QMainWindow):
         self._refresh()
         if payload.reason == "nonfinite":
             self._show_origin(force=True)
+        if payload.reason == "warning" and self.history.warnings:
+            step = self.history.warnings[-1].step  # the step the run paused after
+            first = next(w for w in self.history.warnings if w.step == step)
+            where = first.module if first.module is not None else "the model"
+            self.statusBar().showMessage(
+                f"Paused at the first early warning, step {first.step}: {first.kind} in "
+                f"{where or '(model root)'}; Run goes on",
+                15000,
+            )
         self.run_paused.emit(payload)
 
     @Slot(object)
@@ -933,6 +947,7 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_worker_watch_changed(self, payload: WatchChanged) -> None:
         self.tree_model.set_watched([layer.name for layer in payload.layers])
+        self.history.describe_statistics(payload.statistic_infos)
         self._dirty = True
 
     # -- controller events ---------------------------------------------------------------
@@ -989,6 +1004,9 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_layers(names)
         self.run_thread.queue_settings(self.settings_panel.settings())
         self._dirty = True
+
+    def _on_settings_panel_pause_at_warning_toggled(self, checked: bool) -> None:
+        self.run_thread.worker.pause_at_warning = checked
 
     def _on_settings_panel_settings_edited(self, settings: RunSettings) -> None:
         self.debugger.follow_trace_setting(bool(getattr(settings, "trace", False)))
@@ -1133,7 +1151,7 @@ class MainWindow(QMainWindow):
         )
         self.plots.refresh(view)
         self._refresh_tree_values(step)
-        self.events_panel.update_events(history.events, history.first_nonfinite)
+        self.events_panel.update_events(history.events, history.first_nonfinite, history.warnings)
         self.events_panel.set_compared_origins(
             [
                 (run.name, run.history.first_nonfinite)
@@ -1175,7 +1193,10 @@ class MainWindow(QMainWindow):
                 if flag != STATUS_MISSING:
                     norms[name] = value
                     statuses[name] = flag
-        self.tree_model.set_step_values(norms, statuses, history.tiny_reasons)
+        warnings = history.warnings
+        if step is not None:
+            warnings = [warning for warning in warnings if warning.step <= step]
+        self.tree_model.set_step_values(norms, statuses, history.tiny_reasons, warnings)
 
     def _show_origin(self, force: bool = False) -> None:
         origin = self.history.first_nonfinite

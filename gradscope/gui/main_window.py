@@ -267,7 +267,8 @@ class MainWindow(QMainWindow):
         self.plots.layer_menu_requested.connect(self.layer_actions.popup_for)
         layout.addWidget(self.tree_view, 1)
         hint = QLabel(
-            "Tick the layers to watch; red rows: NaN/Inf, orange: exploding, blue: vanishing."
+            "Tick the layers to watch; red rows: NaN/Inf, orange: exploding, blue: vanishing, "
+            "gold: an early warning."
         )
         hint.setWordWrap(True)
         hint.setStyleSheet("color: #666;")

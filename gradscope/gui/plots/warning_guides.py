@@ -56,7 +56,7 @@ class WarningGuides:
             movable=False,
             pen=pen,
             label="",
-            labelOpts={"position": 0.02, "color": WARNING_LIMIT_COLOR, "anchors": [(0, 1), (0, 1)]},
+            labelOpts={"position": 0.02, "color": WARNING_LIMIT_COLOR, "anchors": [(0, 0), (0, 0)]},
         )
         self.limit_line.setZValue(15)
         self.limit_line.setVisible(False)
@@ -99,9 +99,18 @@ class WarningGuides:
             return
         self.limit_line.setValue(float(drawn[1]))
         where = warning.module or "(model root)"
-        self.limit_line.label.setFormat(f"limit {format_value(limit)} ({where} {warning.kind})")
-        self.limit_line.setVisible(True)
         steps_left = warning.steps_left
+        # The step axis shows the run's steps only, so a projection reaching past the last
+        # one is cut at the edge: the label says where it ends.
+        reached = (
+            f", reached at step ~{warning.step + steps_left} at this rate"
+            if steps_left is not None
+            else ""
+        )
+        self.limit_line.label.setFormat(
+            f"limit {format_value(limit)} ({where} {warning.kind}{reached})"
+        )
+        self.limit_line.setVisible(True)
         if project and steps_left is not None:
             self.projection.setData([x, x + steps_left], [drawn[0], drawn[1]])
             self.projection.setVisible(True)

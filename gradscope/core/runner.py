@@ -182,6 +182,9 @@ class _Snapshot:
     first_nonfinite: Origin | None
     watch_step: int
     scaler: dict[str, Any] | None = None
+    # The early warnings' series and the warnings given so far (None when off): a rewound
+    # run warns again where the replayed steps do, from the series as they were.
+    early_warnings: Any = None
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
@@ -519,9 +522,14 @@ class StepRunner:
                 first_nonfinite=self.first_nonfinite,
                 watch_step=self.watch.step if self.watch is not None else 0,
                 scaler=self.scaler.state_dict() if self.scaler is not None else None,
+                early_warnings=self._early_warnings_copy(),
             )
         )
         del self._snapshots[:-depth]
+
+    def _early_warnings_copy(self) -> Any:
+        monitor = self.watch.early_warnings if self.watch is not None else None
+        return copy.deepcopy(monitor) if monitor is not None else None
 
     @property
     def rewind_steps(self) -> list[int]:
@@ -566,6 +574,8 @@ class StepRunner:
         self.step_index = snapshot.step
         if self.watch is not None:
             self.watch.step = snapshot.watch_step
+            if self.watch.early_warnings is not None and snapshot.early_warnings is not None:
+                self.watch.early_warnings = snapshot.early_warnings  # its snapshot is dropped
         self.optimizer.zero_grad(set_to_none=True)
         self._computed = None
         self.halted = False

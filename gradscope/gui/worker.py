@@ -312,18 +312,19 @@ class RunWorker(QObject):
             if now - last_emit >= _EMIT_INTERVAL:
                 self._emit_records(pending)
                 last_emit = now
+            warned = result.stats is not None and bool(result.stats.warnings)
+            if warned and self._first_warning_step is None:
+                self._first_warning_step = result.step
             if runner.halted and not past_first_nonfinite:
                 reason = "nonfinite"
                 break
-            if result.stats is not None and result.stats.warnings:
-                if self._first_warning_step is None:
-                    self._first_warning_step = result.step
-                if self.pause_at_warning and not past_first_warning:
-                    reason = "warning"
-                    break
             runner.halted = False
             if runner.pending_step is not None:
+                # Paused before the optimizer step anyway (the warning shows there too).
                 reason = "nonfinite" if result.nonfinite else "before_apply"
+                break
+            if warned and self.pause_at_warning and not past_first_warning:
+                reason = "warning"
                 break
         self._emit_records(pending)
         self.run_paused.emit(self._paused(reason, done))

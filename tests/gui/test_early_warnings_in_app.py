@@ -145,6 +145,38 @@ def test_a_live_run_pauses_at_its_first_warning_and_shows_it(qtbot, window, drif
     assert window.history.count == 40
 
 
+def test_a_rewind_to_before_the_first_warning_pauses_there_again(qtbot, window, drifting) -> None:
+    open_and_wait(qtbot, window, drifting, early_warnings=True, rewind_depth=30)
+    window.settings_panel.pause_at_warning.setChecked(True)
+    assert run_and_wait(qtbot, window, window.run).reason == "warning"
+    first = window.history.warnings[0].step
+    with qtbot.waitSignal(window.debugger.rewound, timeout=30_000):
+        assert window.debugger.rewind(first - 2)
+    qtbot.waitUntil(lambda: window.state != "running", timeout=30_000)
+    assert window.history.warnings == []
+    # The replayed steps bring the same first warning: the run pauses at it again.
+    assert run_and_wait(qtbot, window, window.run).reason == "warning"
+    assert int(window.history.steps[-1]) == first
+    assert window.history.warnings[0].step == first
+
+
+def test_paused_before_the_optimizer_step_a_warning_leaves_the_apply_pause(
+    qtbot, window, drifting
+) -> None:
+    open_and_wait(qtbot, window, drifting, early_warnings=True, steps=20)
+    window.settings_panel.pause_at_warning.setChecked(True)
+    window.debugger.pause_before_apply_action.setChecked(True)
+    reasons = []
+    for _ in range(20):  # each Run applies the step pending and computes the next
+        reasons.append(run_and_wait(qtbot, window, window.run).reason)
+        if window.history.warnings:
+            break
+    assert window.history.warnings, reasons
+    # The warning's step is paused before its optimizer step, as asked: Apply works there.
+    assert set(reasons) == {"before_apply"}
+    assert window.run_thread.worker.runner.pending_step is not None
+
+
 def test_a_live_run_names_its_statistics_by_their_labels(qtbot, window, drifting) -> None:
     open_and_wait(qtbot, window, drifting, early_warnings=True, steps=3)
     info = window.history.statistic_infos.get("out_max_abs")
@@ -166,6 +198,8 @@ def test_early_warnings_turned_on_mid_run_take_effect(qtbot, window, drifting) -
     assert "out_max_abs" in window.history.figure_names
     assert window.history.statistic_info("out_max_abs").label == "Output max |x|"
     assert window.history.warnings, "no warning after early warnings were turned on"
+    changes = [e.message for e in window.history.events if e.kind == "settings"]
+    assert changes == ["from step 3: steps 3 -> 30, early warnings off -> on"], changes
     rows = window.history.row_of_step(2), window.history.row_of_step(3)
     due = window.history.figure_due("out_max_abs")
     assert not due[rows[0]] and due[rows[1]]

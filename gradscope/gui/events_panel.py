@@ -50,6 +50,7 @@ _KIND_LABEL = {
 }
 _LAYER_ROLE = Qt.ItemDataRole.UserRole + 1
 _STEP_ROLE = Qt.ItemDataRole.UserRole + 2
+_WARNING_ROLE = Qt.ItemDataRole.UserRole + 3
 
 
 def _value_lines(origin: Origin) -> list[str]:
@@ -112,6 +113,9 @@ def origin_html(origin: Origin) -> str:
 
 class EventsPanel(QWidget):
     selection_made = Signal(object)  # Selection
+    # A click on an early warning's row (after its selection_made): the plots show its
+    # quantity.
+    warning_chosen = Signal(object)  # EarlyWarning
 
     def __init__(self) -> None:
         super().__init__()
@@ -301,6 +305,7 @@ class EventsPanel(QWidget):
         for column, item in enumerate(items):
             item.setData(_LAYER_ROLE, event.layer)
             item.setData(_STEP_ROLE, event.step)
+            item.setData(_WARNING_ROLE, warning)
             if event.kind in ("origin", "scale collapse"):
                 font = QFont()
                 font.setBold(True)
@@ -318,3 +323,6 @@ class EventsPanel(QWidget):
         if item is None:
             return
         self.selection_made.emit(Selection(item.data(_LAYER_ROLE), item.data(_STEP_ROLE)))
+        warning = item.data(_WARNING_ROLE)
+        if isinstance(warning, EarlyWarning):
+            self.warning_chosen.emit(warning)

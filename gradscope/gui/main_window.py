@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradscope.core.facts import EarlyWarning
 from gradscope.core.history import MISSING, STATUS_MISSING, Event, RunHistory
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.gui import shortcuts
@@ -66,6 +67,8 @@ from gradscope.gui.module_tree_model import (
     ModuleTreeModel,
 )
 from gradscope.gui.plots import PlotPanel, PlotView, layer_color
+from gradscope.gui.plots.statistic_choice import STATISTIC_LABELS
+from gradscope.gui.plots.warning_guides import QUANTITY_STATISTICS
 from gradscope.gui.recordings import RecordedRun, RecordingController, RecordingParts, runs_folder
 from gradscope.gui.run_comparison import RunComparison
 from gradscope.gui.selection import Selection
@@ -281,6 +284,7 @@ class MainWindow(QMainWindow):
         )
         self.events_panel = EventsPanel()
         self.events_panel.selection_made.connect(self._on_view_selection_made)
+        self.events_panel.warning_chosen.connect(self._on_events_panel_warning_chosen)
 
         # The left docks reach the bottom of the window: the step trace (bottom area) opens
         # under the plots only, not under Events (which it squeezed to 1.5 rows at 1280x800).
@@ -1005,6 +1009,13 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_layers(names)
         self.run_thread.queue_settings(self.settings_panel.settings())
         self._dirty = True
+
+    def _on_events_panel_warning_chosen(self, warning: EarlyWarning) -> None:
+        # Its quantity's plot, where the limit and the projection are drawn (the loss and
+        # the gradient norm have no per-layer plot: the loss plot shows the loss already).
+        statistic = QUANTITY_STATISTICS.get(warning.quantity)
+        if statistic in STATISTIC_LABELS or statistic in self.history.figure_names:
+            self.plots.show_statistic(statistic, self.history)
 
     def _on_settings_panel_pause_at_warning_toggled(self, checked: bool) -> None:
         self.run_thread.worker.pause_at_warning = checked

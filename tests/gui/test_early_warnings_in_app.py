@@ -193,13 +193,13 @@ def test_early_warnings_turned_on_mid_run_take_effect(qtbot, window, drifting) -
     run_and_wait(qtbot, window, window.run)
     assert "out_max_abs" not in window.history.figure_names
     window.settings_panel.early_warnings.setChecked(True)
-    window.settings_panel.steps.setValue(30)
+    window.settings_panel.steps.setValue(16)
     run_and_wait(qtbot, window, window.run)
     assert "out_max_abs" in window.history.figure_names
     assert window.history.statistic_info("out_max_abs").label == "Output max |x|"
     assert window.history.warnings, "no warning after early warnings were turned on"
     changes = [e.message for e in window.history.events if e.kind == "settings"]
-    assert changes == ["from step 3: steps 3 -> 30, early warnings off -> on"], changes
+    assert changes == ["from step 3: steps 3 -> 16, early warnings off -> on"], changes
     rows = window.history.row_of_step(2), window.history.row_of_step(3)
     due = window.history.figure_due("out_max_abs")
     assert not due[rows[0]] and due[rows[1]]
@@ -216,9 +216,16 @@ def test_the_plot_draws_the_warnings_limit_and_its_projection(qtbot, window, tmp
     guides = plot.warning_guides
     window._refresh()
     assert not guides.limit_line.isVisible()  # the gradient norm has no warning
-    plot.statistic_selector.choose("out_log_partition")
+    # A click on the warning in Events shows its quantity, at its step.
+    table = window.events_panel.table
+    row = next(r for r in range(table.rowCount()) if table.item(r, 1).text() == "drifting")
+    table.cellClicked.emit(row, 3)
     window._refresh()
+    assert plot.statistic == "out_log_partition"
+    assert (window.selected_layer, window.selected_step) == ("head", warning.step)
     assert guides.shown is warning
+    window.selected_step = None
+    window._refresh()
     assert guides.limit_line.isVisible() and guides.projection.isVisible()
     assert guides.limit_line.value() == pytest.approx(np.log10(warning.limit))
     assert "11.09" in guides.limit_line.label.format

@@ -188,6 +188,26 @@ def test_a_live_run_names_its_statistics_by_their_labels(qtbot, window, drifting
     assert "Output max |x|" in labels and "out_max_abs" not in labels
 
 
+def test_the_apps_recording_keeps_the_labels_of_a_live_runs_statistics(
+    qtbot, window, drifting
+) -> None:
+    from gradscope.core.recording import RecordingReader
+
+    window.recordings.record_action.setChecked(True)
+    open_and_wait(qtbot, window, drifting, steps=3)
+    run_and_wait(qtbot, window, window.run)
+    # Turned on mid-run: the new watch's statistics are described to the recording too.
+    window.settings_panel.early_warnings.setChecked(True)
+    window.settings_panel.steps.setValue(5)
+    run_and_wait(qtbot, window, window.run)
+    path = window.recordings.writer.path
+    window.recordings.close_writer()
+    with RecordingReader(path) as reader:
+        _, history = reader.load()
+    assert "out_max_abs" in history.figure_names
+    assert history.statistic_info("out_max_abs").label == "Output max |x|"
+
+
 def test_early_warnings_turned_on_mid_run_take_effect(qtbot, window, drifting) -> None:
     open_and_wait(qtbot, window, drifting, steps=3)
     run_and_wait(qtbot, window, window.run)

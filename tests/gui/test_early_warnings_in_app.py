@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PySide6.QtCore import Qt
 
 from gradscope.core.settings import RunSettings
 from gradscope.gui.module_tree_model import NAME, STATUS
@@ -70,6 +71,41 @@ def make_batch(batch_size, device):
 @pytest.fixture
 def drifting(tmp_path: Path) -> str:
     return write_script(tmp_path, "drifting_half_stream.py", DRIFTING.format(root=str(ROOT)))
+
+
+def test_the_tree_shows_a_warning_under_worse_statuses_only(qtmodeltester) -> None:
+    from torch import nn
+
+    from gradscope.core.facts import STATUS_EXPLODING, STATUS_OK, EarlyWarning
+    from gradscope.core.module_tree import build_module_tree
+    from gradscope.gui.module_tree_model import ModuleTreeModel
+    from gradscope.gui.status_style import STATUS_TINTS
+
+    model = ModuleTreeModel()
+    net = nn.Sequential(nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 1))
+    model.set_tree(build_module_tree(net), ["0.0", "1"])
+    drift = EarlyWarning(7, "0.0", "drifting", "output max |x|", 9.0, 65504.0, "grows", 30, "h")
+    spike = EarlyWarning(9, "1", "spiking", "output max |x|", 5.0, None, "jumps", None, "h")
+    loss = EarlyWarning(9, None, "spiking", "loss", 50.0, None, "loss jumps", None, "h")
+    model.set_step_values(
+        {"0.0": 1.0, "1": 2e4}, {"0.0": STATUS_OK, "1": STATUS_EXPLODING}, {}, [drift, spike, loss]
+    )
+    qtmodeltester.check(model, force_py=True)
+    background = Qt.ItemDataRole.BackgroundRole
+    assert model.data(model.index_of("0.0", STATUS)) == "drifting"
+    assert model.data(model.index_of("0.0", NAME), background).color().name() == WARNING_TINT
+    assert "Hint: h" in model.data(model.index_of("0.0", NAME), Qt.ItemDataRole.ToolTipRole)
+    assert model.data(model.index_of("0", STATUS)) == "warning inside"
+    # Exploding says more than its precursor did.
+    assert model.data(model.index_of("1", STATUS)) == "exploding"
+    assert (
+        model.data(model.index_of("1", NAME), background).color().name()
+        == (STATUS_TINTS[STATUS_EXPLODING])
+    )
+    assert model.warned_layers() == ["0.0", "1"]  # the loss has no row
+    model.set_step_values({"0.0": 1.0}, {"0.0": STATUS_OK}, {}, [])
+    assert model.data(model.index_of("0.0", STATUS)) == "ok"
+    assert model.data(model.index_of("0", STATUS)) in ("", None)
 
 
 def test_the_panel_maps_early_warnings_and_offers_the_pause_only_with_them(qtbot) -> None:

@@ -25,7 +25,7 @@ from gradscope.core.errors import (
     ModelScriptError,
     out_of_memory,
 )
-from gradscope.core.facts import Origin
+from gradscope.core.facts import Origin, StatisticInfo
 from gradscope.core.loading import LoadedModel, user_traceback
 from gradscope.core.module_tree import ModuleTree, build_module_tree
 from gradscope.core.rng import RandomState, capture_random_state, restore_random_state
@@ -182,6 +182,9 @@ class _Snapshot:
     first_nonfinite: Origin | None
     watch_step: int
     scaler: dict[str, Any] | None = None
+    # The early warnings' series and the warnings given so far (None when off): a rewound
+    # run warns again where the replayed steps do, from the series as they were.
+    early_warnings: Any = None
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
@@ -252,6 +255,12 @@ class StepRunner:
         itself here; a distributed runner wraps it in DDP or shards it."""
         return model
 
+    @property
+    def statistic_infos(self) -> list[StatisticInfo]:
+        """What the watch says of its statistics (labels, schedules): the app's history
+        takes them so that a live run's named statistics show under their labels."""
+        return list(self.watch.statistic_infos) if self.watch is not None else []
+
     # -- configuration between steps -------------------------------------------------
     def _make_watch(self, layers: list[str] | None) -> GradientWatch:
         return GradientWatch(
@@ -298,7 +307,9 @@ class StepRunner:
             self.watch.set_vanish_steps(settings.vanish_steps)
             self.watch.update_ratio_enabled = settings.update_ratio
             self.watch.detail_every = settings.detail_every
-            if settings.layers != old.layers:
+            # The early warnings add forward statistics and their hooks: turning them on or
+            # off makes the watch anew, as a change of the watched layers does.
+            if settings.layers != old.layers or settings.early_warnings != old.early_warnings:
                 self.set_layers(settings.layers)
         self.halted = False
 
@@ -511,9 +522,14 @@ class StepRunner:
                 first_nonfinite=self.first_nonfinite,
                 watch_step=self.watch.step if self.watch is not None else 0,
                 scaler=self.scaler.state_dict() if self.scaler is not None else None,
+                early_warnings=self._early_warnings_copy(),
             )
         )
         del self._snapshots[:-depth]
+
+    def _early_warnings_copy(self) -> Any:
+        monitor = self.watch.early_warnings if self.watch is not None else None
+        return copy.deepcopy(monitor) if monitor is not None else None
 
     @property
     def rewind_steps(self) -> list[int]:
@@ -558,6 +574,8 @@ class StepRunner:
         self.step_index = snapshot.step
         if self.watch is not None:
             self.watch.step = snapshot.watch_step
+            if self.watch.early_warnings is not None and snapshot.early_warnings is not None:
+                self.watch.early_warnings = snapshot.early_warnings  # its snapshot is dropped
         self.optimizer.zero_grad(set_to_none=True)
         self._computed = None
         self.halted = False

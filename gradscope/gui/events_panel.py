@@ -1,11 +1,13 @@
-"""The events list: exploding/vanishing onsets and the first NaN/Inf origin, as the engine's
-RunHistory recorded them. Clicking one selects its layer and step everywhere."""
+"""The events list: exploding/vanishing onsets, early warnings (with their evidence and hint)
+and the first NaN/Inf origin, as the engine's RunHistory recorded them. Clicking one selects
+its layer and step everywhere."""
 
 from __future__ import annotations
 
 import dataclasses
 import html
 import os
+from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
@@ -20,11 +22,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gradscope.core.facts import Origin
+from gradscope.core.facts import EarlyWarning, Origin
 from gradscope.core.history import Event
 from gradscope.core.watch import STATUS_EXPLODING, STATUS_NONFINITE, STATUS_VANISHING
 from gradscope.gui.selection import Selection
-from gradscope.gui.status_style import ORIGIN_TINT, origin_icon, status_icon
+from gradscope.gui.status_style import (
+    ORIGIN_TINT,
+    WARNING_TINT,
+    origin_icon,
+    status_icon,
+    warning_icon,
+    warning_tooltip,
+)
 
 _KIND_STATUS = {
     "exploding": STATUS_EXPLODING,
@@ -40,6 +49,7 @@ _KIND_LABEL = {
 }
 _LAYER_ROLE = Qt.ItemDataRole.UserRole + 1
 _STEP_ROLE = Qt.ItemDataRole.UserRole + 2
+_WARNING_ROLE = Qt.ItemDataRole.UserRole + 3
 
 
 def _value_lines(origin: Origin) -> list[str]:
@@ -102,6 +112,9 @@ def origin_html(origin: Origin) -> str:
 
 class EventsPanel(QWidget):
     selection_made = Signal(object)  # Selection
+    # A click on an early warning's row (after its selection_made): the plots show its
+    # quantity.
+    warning_chosen = Signal(object)  # EarlyWarning
 
     def __init__(self) -> None:
         super().__init__()
@@ -161,7 +174,7 @@ class EventsPanel(QWidget):
         header.setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.placeholder = QLabel(
-            "No events yet: onsets of exploding or vanishing gradients "
+            "No events yet: onsets of exploding or vanishing gradients, early warnings "
             "and the first NaN/Inf will be listed here."
         )
         self.placeholder.setWordWrap(True)
@@ -219,9 +232,16 @@ class EventsPanel(QWidget):
         self.banner_area.setVisible(False)
         self.placeholder.setVisible(True)
 
-    def update_events(self, events: list[Event], origin: Origin | None) -> None:
+    def update_events(
+        self,
+        events: list[Event],
+        origin: Origin | None,
+        warnings: Sequence[EarlyWarning] = (),
+    ) -> None:
         """Add the events not shown yet; the origin goes to the top and the banner. A
-        history that lost events (a rewound run) is shown afresh."""
+        history that lost events (a rewound run) is shown afresh. ``warnings``: the run's
+        early warnings (RunHistory.warnings), whose "warning" events are shown with their
+        kind, evidence and hint."""
         if len(events) < self._shown or (origin is None and self._banner_shown):
             self.clear()
         if origin is not None and not self._banner_shown:
@@ -233,6 +253,7 @@ class EventsPanel(QWidget):
             return
         self.placeholder.setVisible(False)
         collapse = scale_collapse(origin)
+        by_event = {(w.step, w.module, w.describe()): w for w in warnings}
         for event in new:
             row = 0 if event.kind == "origin" else self.table.rowCount()
             self.table.insertRow(row)
@@ -247,10 +268,15 @@ class EventsPanel(QWidget):
                     kind="scale collapse",
                     message=f"{collapse_words(collapse)}; {event.message}",
                 )
-            self._fill_row(row, event)
+            warning = (
+                by_event.get((event.step, event.layer, event.message))
+                if event.kind == "warning"
+                else None
+            )
+            self._fill_row(row, event, warning)
         self._shown = len(events)
 
-    def _fill_row(self, row: int, event: Event) -> None:
+    def _fill_row(self, row: int, event: Event, warning: EarlyWarning | None = None) -> None:
         step = QTableWidgetItem(str(event.step))
         step.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         kind = QTableWidgetItem(_KIND_LABEL.get(event.kind, event.kind))
@@ -258,20 +284,34 @@ class EventsPanel(QWidget):
             kind.setIcon(origin_icon())
         elif event.kind in _KIND_STATUS:
             kind.setIcon(status_icon(_KIND_STATUS[event.kind]))
+        elif event.kind == "warning":
+            kind.setIcon(warning_icon())
         layer = QTableWidgetItem(
             "(outside the model)" if event.layer is None else event.layer or "(model)"
         )
         details = QTableWidgetItem(event.message)
         details.setToolTip(event.message)
+        if warning is not None:
+            # A whole-model quantity (the loss) has no layer: not "outside the model".
+            kind.setText(warning.kind)
+            if warning.module is None:
+                layer.setText("(whole model)")
+            text = warning.evidence + (f" ▸ {warning.hint}" if warning.hint else "")
+            details.setText(text)
+            for item in (kind, details):
+                item.setToolTip(warning_tooltip(warning))
         items = (step, kind, layer, details)
         for column, item in enumerate(items):
             item.setData(_LAYER_ROLE, event.layer)
             item.setData(_STEP_ROLE, event.step)
+            item.setData(_WARNING_ROLE, warning)
             if event.kind in ("origin", "scale collapse"):
                 font = QFont()
                 font.setBold(True)
                 item.setFont(font)
                 item.setBackground(QBrush(QColor(ORIGIN_TINT)))
+            elif warning is not None:
+                item.setBackground(QBrush(QColor(WARNING_TINT)))
             self.table.setItem(row, column, item)
 
     def row_count(self) -> int:
@@ -282,3 +322,6 @@ class EventsPanel(QWidget):
         if item is None:
             return
         self.selection_made.emit(Selection(item.data(_LAYER_ROLE), item.data(_STEP_ROLE)))
+        warning = item.data(_WARNING_ROLE)
+        if isinstance(warning, EarlyWarning):
+            self.warning_chosen.emit(warning)

@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gradscope.core.facts import EarlyWarning
 from gradscope.core.history import MISSING, STATUS_MISSING, Event, RunHistory
 from gradscope.core.settings import SETTING_NAMES, RunSettings
 from gradscope.gui import shortcuts
@@ -66,6 +67,8 @@ from gradscope.gui.module_tree_model import (
     ModuleTreeModel,
 )
 from gradscope.gui.plots import PlotPanel, PlotView, layer_color
+from gradscope.gui.plots.statistic_choice import STATISTIC_LABELS
+from gradscope.gui.plots.warning_guides import QUANTITY_STATISTICS
 from gradscope.gui.recordings import RecordedRun, RecordingController, RecordingParts, runs_folder
 from gradscope.gui.run_comparison import RunComparison
 from gradscope.gui.selection import Selection
@@ -267,7 +270,8 @@ class MainWindow(QMainWindow):
         self.plots.layer_menu_requested.connect(self.layer_actions.popup_for)
         layout.addWidget(self.tree_view, 1)
         hint = QLabel(
-            "Tick the layers to watch; red rows: NaN/Inf, orange: exploding, blue: vanishing."
+            "Tick the layers to watch; red rows: NaN/Inf, orange: exploding, blue: vanishing, "
+            "gold: an early warning."
         )
         hint.setWordWrap(True)
         hint.setStyleSheet("color: #666;")
@@ -275,8 +279,12 @@ class MainWindow(QMainWindow):
 
         self.settings_panel = SettingsPanel(cuda_devices())
         self.settings_panel.settings_edited.connect(self._on_settings_panel_settings_edited)
+        self.settings_panel.pause_at_warning_toggled.connect(
+            self._on_settings_panel_pause_at_warning_toggled
+        )
         self.events_panel = EventsPanel()
         self.events_panel.selection_made.connect(self._on_view_selection_made)
+        self.events_panel.warning_chosen.connect(self._on_events_panel_warning_chosen)
 
         # The left docks reach the bottom of the window: the step trace (bottom area) opens
         # under the plots only, not under Events (which it squeezed to 1.5 rows at 1280x800).
@@ -794,6 +802,8 @@ class MainWindow(QMainWindow):
         self._before_load = None
         self.loaded = payload
         self.history = RunHistory()
+        # A live run's named statistics show under their labels, as a recording's do.
+        self.history.describe_statistics(payload.statistic_infos)
         self._rate.clear()
         self._origin_shown = False
         self.selected_step = None
@@ -901,6 +911,15 @@ class MainWindow(QMainWindow):
         self._refresh()
         if payload.reason == "nonfinite":
             self._show_origin(force=True)
+        if payload.reason == "warning" and self.history.warnings:
+            step = self.history.warnings[-1].step  # the step the run paused after
+            first = next(w for w in self.history.warnings if w.step == step)
+            where = first.module if first.module is not None else "the model"
+            self.statusBar().showMessage(
+                f"Paused at the first early warning, step {first.step}: {first.kind} in "
+                f"{where or '(model root)'}; Run goes on",
+                15000,
+            )
         self.run_paused.emit(payload)
 
     @Slot(object)
@@ -933,6 +952,7 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_worker_watch_changed(self, payload: WatchChanged) -> None:
         self.tree_model.set_watched([layer.name for layer in payload.layers])
+        self.history.describe_statistics(payload.statistic_infos)
         self._dirty = True
 
     # -- controller events ---------------------------------------------------------------
@@ -989,6 +1009,16 @@ class MainWindow(QMainWindow):
         self.settings_panel.set_layers(names)
         self.run_thread.queue_settings(self.settings_panel.settings())
         self._dirty = True
+
+    def _on_events_panel_warning_chosen(self, warning: EarlyWarning) -> None:
+        # Its quantity's plot, where the limit and the projection are drawn (the loss and
+        # the gradient norm have no per-layer plot: the loss plot shows the loss already).
+        statistic = QUANTITY_STATISTICS.get(warning.quantity)
+        if statistic in STATISTIC_LABELS or statistic in self.history.figure_names:
+            self.plots.show_statistic(statistic, self.history)
+
+    def _on_settings_panel_pause_at_warning_toggled(self, checked: bool) -> None:
+        self.run_thread.worker.pause_at_warning = checked
 
     def _on_settings_panel_settings_edited(self, settings: RunSettings) -> None:
         self.debugger.follow_trace_setting(bool(getattr(settings, "trace", False)))
@@ -1133,7 +1163,7 @@ class MainWindow(QMainWindow):
         )
         self.plots.refresh(view)
         self._refresh_tree_values(step)
-        self.events_panel.update_events(history.events, history.first_nonfinite)
+        self.events_panel.update_events(history.events, history.first_nonfinite, history.warnings)
         self.events_panel.set_compared_origins(
             [
                 (run.name, run.history.first_nonfinite)
@@ -1175,7 +1205,10 @@ class MainWindow(QMainWindow):
                 if flag != STATUS_MISSING:
                     norms[name] = value
                     statuses[name] = flag
-        self.tree_model.set_step_values(norms, statuses, history.tiny_reasons)
+        warnings = history.warnings
+        if step is not None:
+            warnings = [warning for warning in warnings if warning.step <= step]
+        self.tree_model.set_step_values(norms, statuses, history.tiny_reasons, warnings)
 
     def _show_origin(self, force: bool = False) -> None:
         origin = self.history.first_nonfinite

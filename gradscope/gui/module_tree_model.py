@@ -21,12 +21,14 @@ from PySide6.QtCore import (
 )
 from PySide6.QtGui import QBrush, QColor, QFont
 
-from gradscope.core.facts import STATUS_NONFINITE, STATUS_OK, STATUS_VANISHING
+from gradscope.core.facts import STATUS_NONFINITE, STATUS_OK, STATUS_VANISHING, EarlyWarning
 from gradscope.core.module_tree import ModuleNode, ModuleTree
 from gradscope.gui.status_style import (
     ORIGIN_COLOR,
     ORIGIN_TINT,
     STATUS_TINTS,
+    WARNING_COLOR,
+    WARNING_TINT,
     format_value,
     inside_icon,
     origin_icon,
@@ -35,6 +37,8 @@ from gradscope.gui.status_style import (
     status_icon,
     status_label,
     status_tooltip,
+    warning_icon,
+    warning_tooltip,
 )
 
 NAME, TYPE, PARAMS, GRAD_NORM, STATUS = range(5)
@@ -69,6 +73,10 @@ class ModuleTreeModel(QAbstractItemModel):
         self._tiny_reasons: dict[str, str] = {}
         self._status: dict[str, int] = {}
         self._inside: list[int] = []  # worst status strictly inside each node's subtree
+        # Early warnings up to the step on show, by module, oldest first; and whether a
+        # module strictly inside each node has one.
+        self._warnings: dict[str, list[EarlyWarning]] = {}
+        self._warned_inside: list[bool] = []
         self._origin: str | None = None
         self._origin_text = ""
         self._origin_kind = "NaN"
@@ -94,6 +102,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._watched = self._expand(watched)
         self._norm, self._status = {}, {}
         self._inside = [_NO_STATUS] * len(self._nodes)
+        self._warnings, self._warned_inside = {}, [False] * len(self._nodes)
         self._origin, self._origin_text = None, ""
         self._answers.clear()
         self.endResetModel()
@@ -148,19 +157,30 @@ class ModuleTreeModel(QAbstractItemModel):
         norms: dict[str, float],
         statuses: dict[str, int],
         tiny_reasons: dict[str, str] | None = None,
+        warnings: Iterable[EarlyWarning] = (),
     ) -> None:
         """Gradient norm and status per layer at the step on show, as the engine measured,
-        and why a layer's gradient is tiny where the engine saw it."""
+        why a layer's gradient is tiny where the engine saw it, and the early warnings of
+        the run up to that step (a warning stays: the drift it saw has not gone away)."""
         self._norm, self._status = norms, statuses
         self._tiny_reasons = dict(tiny_reasons or {})
+        self._warnings = {}
+        for warning in warnings:
+            if warning.module is not None:
+                self._warnings.setdefault(warning.module, []).append(warning)
         inside = [_NO_STATUS] * len(self._nodes)
+        warned_inside = [False] * len(self._nodes)
         for i in reversed(range(len(self._nodes))):
             worst = _NO_STATUS
+            warned = False
             for child in self._nodes[i].children:
                 c = self._id[id(child)]
                 worst = max(worst, inside[c], statuses.get(child.name, _NO_STATUS), key=severity)
+                warned = warned or warned_inside[c] or child.name in self._warnings
             inside[i] = worst
+            warned_inside[i] = warned
         self._inside = inside
+        self._warned_inside = warned_inside
         self._changed_everywhere(NAME, STATUS)
 
     def set_origin(self, module: str | None, description: str = "", kind: str = "nan") -> None:
@@ -279,7 +299,19 @@ class ModuleTreeModel(QAbstractItemModel):
         column = index.column()
         own = self._status.get(node.name, _NO_STATUS)
         is_origin = self._origin is not None and node.name == self._origin
+        # A warning shows where no gradient status is worse than ok: a layer exploding or
+        # NaN/Inf already says more than its precursor did.
+        warned = own <= STATUS_OK and node.name in self._warnings
+        warned_inside = (
+            not warned
+            and own <= STATUS_OK
+            and self._inside[i] <= STATUS_OK
+            and self._warned_inside[i]
+        )
         if role == Qt.ItemDataRole.DisplayRole:
+            if column == STATUS and not is_origin and (warned or warned_inside):
+                # The latest warning's kind; "ok" would hide it.
+                return self._warnings[node.name][-1].kind if warned else "warning inside"
             return self._display(node, column, own, is_origin)
         if role == Qt.ItemDataRole.CheckStateRole and column == NAME:
             return self._check_state(i)
@@ -288,6 +320,8 @@ class ModuleTreeModel(QAbstractItemModel):
                 return origin_icon()
             if own > STATUS_OK:
                 return status_icon(own)
+            if warned:
+                return warning_icon()
             if self._inside[i] > STATUS_OK:
                 return inside_icon(self._inside[i])
             return None
@@ -296,6 +330,8 @@ class ModuleTreeModel(QAbstractItemModel):
                 return QBrush(QColor(ORIGIN_TINT))
             if own in STATUS_TINTS:
                 return QBrush(QColor(STATUS_TINTS[own]))
+            if warned:
+                return QBrush(QColor(WARNING_TINT))
             return None
         if role == Qt.ItemDataRole.ForegroundRole:
             if is_origin:
@@ -304,13 +340,15 @@ class ModuleTreeModel(QAbstractItemModel):
                 status = own if own > STATUS_OK else self._inside[i]
                 if status > STATUS_OK:
                     return QBrush(status_color(status).darker(120))
+                if warned or warned_inside:
+                    return QBrush(QColor(WARNING_COLOR).darker(130))
             return None
         if role == Qt.ItemDataRole.FontRole:
-            if is_origin or (column == STATUS and own > STATUS_OK):
+            if is_origin or (column == STATUS and (own > STATUS_OK or warned)):
                 font = QFont()
                 font.setBold(True)
                 return font
-            if column == STATUS and self._inside[i] > STATUS_OK:
+            if column == STATUS and (self._inside[i] > STATUS_OK or warned_inside):
                 font = QFont()
                 font.setItalic(True)
                 return font
@@ -355,6 +393,9 @@ class ModuleTreeModel(QAbstractItemModel):
             lines.append(f"a layer inside is {status_label(self._inside[i])}")
         if is_origin:
             lines.append(f"first non-finite value made here: {self._origin_text}")
+        lines.extend(warning_tooltip(warning) for warning in self._warnings.get(node.name, ()))
+        if self._warned_inside[i]:
+            lines.append("a layer inside has an early warning")
         return "\n".join(lines)
 
     def setData(self, index: _Index, value: object, role: int = Qt.ItemDataRole.EditRole) -> bool:
@@ -376,6 +417,10 @@ class ModuleTreeModel(QAbstractItemModel):
 
     def worst_status(self) -> int:
         return max(self._status.values(), default=_NO_STATUS)
+
+    def warned_layers(self) -> list[str]:
+        """Layers with an early warning up to the step on show."""
+        return list(self._warnings)
 
     def flagged_layers(self) -> list[str]:
         return [name for name, s in self._status.items() if s == STATUS_NONFINITE]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QLabel, QMenu, QStatusBar, QToolBar, QWidget
 
 from gradscope.core.errors import GradScopeError
+from gradscope.core.facts import StatisticInfo
 from gradscope.core.history import RunHistory
 from gradscope.core.module_tree import ModuleTree
 from gradscope.core.settings import SETTING_NAMES, RunSettings
@@ -134,6 +135,8 @@ class RecordingController(QObject):
         self.parts = parts
         self.preferences = parts.preferences
         self.writer: RecordingWriter | None = None
+        # The statistics the writer has been told of (labels, schedules), by name.
+        self._described: dict[str, StatisticInfo] = {}
         self.reader: RecordingReader | None = None
         self._layers: tuple[tuple[str, ...], list[LayerInfo]] = ((), [])
         self._settings_trail: SettingsTrail | None = None
@@ -213,8 +216,18 @@ class RecordingController(QObject):
             self.parts.status_bar.showMessage(f"not recording this run: {error}", 10000)
             self.writer = None
             return
+        self._described = {}
+        self._describe_statistics(payload.statistic_infos)
         self.label.setText(f"recording to {path.name}")
         self.label.setToolTip(str(path))
+
+    def _describe_statistics(self, infos: Iterable[StatisticInfo]) -> None:
+        """Tell the writer of statistics it does not know yet: the run's named ones are
+        read back under their labels (the early warnings' outputs, turned on mid-run too)."""
+        new = [info for info in infos if self._described.get(info.name) != info]
+        if new and self.writer is not None:
+            self.writer.describe_statistics(new)
+            self._described.update((info.name, info) for info in new)
 
     def _layer_infos(
         self, names: tuple[str, ...], types: tuple[str, ...], params: tuple[int, ...]
@@ -232,6 +245,8 @@ class RecordingController(QObject):
         writer = self.writer
         if writer is None:
             return
+        # The window's history took the watch's descriptions of a watch made anew mid-run.
+        self._describe_statistics(self.parts.history().statistic_infos.values())
         for record in payload.records:
             result = record.result
             if result.stats is None:

@@ -140,6 +140,8 @@ class _WheelOnlyWhenFocused(QObject):
 
 class SettingsPanel(QScrollArea):
     settings_edited = Signal(object)  # RunSettings
+    # "pause at the first warning" (the app's breakpoint, not a setting of the engine's run)
+    pause_at_warning_toggled = Signal(bool)
 
     def __init__(self, cuda: list[str] | None = None) -> None:
         super().__init__()
@@ -213,6 +215,17 @@ class SettingsPanel(QScrollArea):
             "gradients stay as they were (off: keep going)"
         )
         self.update_ratio = QCheckBox("measure update ratio ‖Δw‖/‖w‖")
+        self.early_warnings = QCheckBox("early warnings (spiking, drifting, low headroom)")
+        self.early_warnings.setToolTip(
+            "warn before a NaN/Inf: a quantity spiking or drifting against its own history, "
+            "or near its dtype's limits\n(adds each layer's output max |x| and the head's "
+            "log-partition as forward statistics)"
+        )
+        self.pause_at_warning = QCheckBox("pause at the first warning")
+        self.pause_at_warning.setToolTip(
+            "stop the run after the step that brings its first early warning (Run goes on)"
+        )
+        self.pause_at_warning.setEnabled(False)
         # Newer engine settings, shown when the engine has them.
         self.trace = QCheckBox("trace forward/backward order") if "trace" in SETTING_NAMES else None
         self.rewind_depth = QSpinBox() if "rewind_depth" in SETTING_NAMES else None
@@ -245,6 +258,8 @@ class SettingsPanel(QScrollArea):
         form.addRow("Vanishing after", self.vanish_steps)
         form.addRow("", self.pause_at_nonfinite)
         form.addRow("", self.update_ratio)
+        form.addRow("", self.early_warnings)
+        form.addRow("", self.pause_at_warning)
         if self.trace is not None:
             form.addRow("", self.trace)
         if self.rewind_depth is not None:
@@ -284,6 +299,7 @@ class SettingsPanel(QScrollArea):
             "vanish_steps": self.vanish_steps,
             "keep_going": self.pause_at_nonfinite,
             "update_ratio": self.update_ratio,
+            "early_warnings": self.early_warnings,
         }
         if self.trace is not None:
             self._fields["trace"] = self.trace
@@ -338,8 +354,15 @@ class SettingsPanel(QScrollArea):
         self.amp.currentIndexChanged.connect(self._on_amp_changed)
         for combo in (self.device, self.optimizer, self.amp):
             combo.currentIndexChanged.connect(self._on_widget_edited)
-        for box in (self.clip_enabled, self.pause_at_nonfinite, self.update_ratio):
+        for box in (
+            self.clip_enabled,
+            self.pause_at_nonfinite,
+            self.update_ratio,
+            self.early_warnings,
+        ):
             box.toggled.connect(self._on_widget_edited)
+        self.early_warnings.toggled.connect(self._on_early_warnings_toggled)
+        self.pause_at_warning.toggled.connect(self.pause_at_warning_toggled)
         self.clip_enabled.toggled.connect(self.clip.setEnabled)
         self._wheel_filter = _WheelOnlyWhenFocused(self)
         for widget in (*self._spins(), self.device, self.optimizer, self.amp):
@@ -394,6 +417,8 @@ class SettingsPanel(QScrollArea):
             self.vanish_steps.setValue(settings.vanish_steps)
             self.pause_at_nonfinite.setChecked(not settings.keep_going)
             self.update_ratio.setChecked(settings.update_ratio)
+            self.early_warnings.setChecked(settings.early_warnings)
+            self._on_early_warnings_toggled(settings.early_warnings)
             if self.trace is not None:
                 self.trace.setChecked(bool(getattr(settings, "trace", False)))
             if self.rewind_depth is not None:
@@ -434,6 +459,7 @@ class SettingsPanel(QScrollArea):
             vanish_steps=self.vanish_steps.value(),
             keep_going=not self.pause_at_nonfinite.isChecked(),
             update_ratio=self.update_ratio.isChecked(),
+            early_warnings=self.early_warnings.isChecked(),
         )
 
     # -- the script's values and the user's overrides ------------------------------------
@@ -544,10 +570,12 @@ class SettingsPanel(QScrollArea):
             self.clip_enabled,
             self.pause_at_nonfinite,
             self.update_ratio,
+            self.early_warnings,
             self.trace,
         ):
             if widget is not None:
                 widget.setEnabled(not read_only)
+        self.pause_at_warning.setEnabled(not read_only and self.early_warnings.isChecked())
         if not read_only:
             self.clip.setEnabled(self.clip_enabled.isChecked())
             self._on_amp_changed()
@@ -603,6 +631,10 @@ class SettingsPanel(QScrollArea):
     def _on_amp_changed(self, *_: object) -> None:
         # The initial scale is the GradScaler's: only fp16 has one.
         self.amp_init_scale.setEnabled(self.amp.currentData() == "fp16")
+
+    def _on_early_warnings_toggled(self, checked: bool) -> None:
+        # Without warnings there is nothing to pause at: the box stays as set, unoffered.
+        self.pause_at_warning.setEnabled(checked and not self.read_only)
 
     # -- edits ---------------------------------------------------------------------------
     def _on_spin_changed(self) -> None:

@@ -20,7 +20,7 @@ _NOT_COMPARED = ("layers",)
 def _text(name: str, value: Any) -> str:
     if name == "clip" and value is None:
         return "off"
-    if name == "keep_going":
+    if isinstance(value, bool):  # keep going, update ratio, early warnings, trace
         return "on" if value else "off"
     return f"{value:g}" if isinstance(value, float) else str(value)
 

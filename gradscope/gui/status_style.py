@@ -12,6 +12,7 @@ from functools import cache
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPen, QPixmap, QPolygonF
 
+from gradscope.core.facts import EarlyWarning
 from gradscope.core.watch import (
     STATUS_EXPLODING,
     STATUS_FROZEN,
@@ -92,6 +93,22 @@ def status_label(status: int) -> str:
     return f"status {status}"
 
 
+# An early warning (spiking, drifting, low headroom: gradscope.core.warnings) is no status of
+# the gradient but a precursor: gold, apart from exploding's orange, and a diamond badge.
+WARNING_COLOR = "#c49a00"
+WARNING_TINT = "#fff4bf"
+# Drawn plot guides of a warning: its limit and the projection to it.
+WARNING_LIMIT_COLOR = "#b8860b"
+
+
+def warning_tooltip(warning: EarlyWarning) -> str:
+    """A warning in words: its kind and step, the evidence, and what practice does."""
+    lines = [f"{warning.kind} at step {warning.step}: {warning.evidence}"]
+    if warning.hint:
+        lines.append(f"Hint: {warning.hint}")
+    return "\n".join(lines)
+
+
 ORIGIN_COLOR = "#8b0000"
 ORIGIN_TINT = "#f4a6a6"
 NONFINITE_MARKER_COLOR = STATUS_COLORS[STATUS_NONFINITE]
@@ -142,6 +159,23 @@ def status_icon(status: int) -> QIcon:
         painter.drawPolygon(QPolygonF([QPointF(8, 1.5), QPointF(15, 14.5), QPointF(1, 14.5)]))
     elif status == STATUS_VANISHING:
         painter.drawPolygon(QPolygonF([QPointF(1, 1.5), QPointF(15, 1.5), QPointF(8, 14.5)]))
+    painter.end()
+    return QIcon(pixmap)
+
+
+@cache
+def warning_icon() -> QIcon:
+    """A gold diamond with "!": an early warning (an up triangle is exploding's)."""
+    pixmap, painter = _canvas()
+    color = QColor(WARNING_COLOR)
+    painter.setPen(QPen(color.darker(130), 1))
+    painter.setBrush(QBrush(color))
+    painter.drawPolygon(
+        QPolygonF([QPointF(8, 0.5), QPointF(15.5, 8), QPointF(8, 15.5), QPointF(0.5, 8)])
+    )
+    painter.setPen(QPen(QColor("white"), 2.0))
+    painter.drawLine(QPointF(8, 4), QPointF(8, 9))
+    painter.drawPoint(QPointF(8, 11.8))
     painter.end()
     return QIcon(pixmap)
 

@@ -55,6 +55,8 @@ class ModelLoaded:
     # The settings the script alone gives (the app's defaults under its CONFIG, no user
     # override): what "Reset to script defaults" goes back to.
     script_settings: Any = None
+    # What the watch says of its statistics (StatisticInfo: labels, schedules), by name.
+    statistic_infos: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -79,13 +81,15 @@ class StepsFinished:
 @dataclass(frozen=True)
 class WatchChanged:
     layers: list[Any]  # LayerInfo
+    statistic_infos: list[Any] = field(default_factory=list)  # StatisticInfo of the new watch
 
 
 @dataclass(frozen=True)
 class RunPaused:
     """A run request ended. ``reason``: "requested" (Pause), "stopped" (Stop),
-    "nonfinite" (the engine halted at a NaN/Inf), "before_apply" (paused before the
-    optimizer step: the gradients are complete, Apply continues), "completed" or "failed".
+    "nonfinite" (the engine halted at a NaN/Inf), "warning" (the run's first early
+    warning, with ``pause_at_warning``), "before_apply" (paused before the optimizer step:
+    the gradients are complete, Apply continues), "completed" or "failed".
     ``rewind_steps``: the steps the run can go back to, ``snapshot_bytes`` what that keeps."""
 
     reason: str
@@ -150,6 +154,10 @@ class RunWorker(QObject):
         self.runner: Any = None
         # Stop each step after backward, before the optimizer (set from the GUI thread).
         self.pause_before_apply = False
+        # Stop after the step that brings the run's first early warning (set from the GUI
+        # thread); ``_first_warning_step`` is that step, once there is one.
+        self.pause_at_warning = False
+        self._first_warning_step: int | None = None
         self._lock = threading.Lock()
         self._pending_settings: Any = None
         self.stop_requested = False
@@ -213,6 +221,7 @@ class RunWorker(QObject):
             self._pending_settings = None
         self.runner = runner
         self._last_step_seconds = None
+        self._first_warning_step = None
         layers = list(runner.watch.layers) if runner.watch is not None else []
         script_settings = _script_settings(loaded, request.defaults, runner.settings)
         self.model_loaded.emit(
@@ -226,6 +235,7 @@ class RunWorker(QObject):
                 notes=list(loaded.notes),
                 architecture=dict(getattr(loaded, "architecture", None) or {}),
                 script_settings=script_settings,
+                statistic_infos=runner.statistic_infos,
             )
         )
 
@@ -245,6 +255,8 @@ class RunWorker(QObject):
         # after every step.
         runner.halted = False
         past_first_nonfinite = runner.first_nonfinite is not None
+        # Likewise the first warning: Run after that pause goes on through later ones.
+        past_first_warning = self._first_warning_step is not None
         if runner.pending_step is not None:
             # Paused before the optimizer step: Apply (or Run) applies it with the settings
             # as they are now (a clip or learning rate changed while paused counts).
@@ -300,12 +312,19 @@ class RunWorker(QObject):
             if now - last_emit >= _EMIT_INTERVAL:
                 self._emit_records(pending)
                 last_emit = now
+            warned = result.stats is not None and bool(result.stats.warnings)
+            if warned and self._first_warning_step is None:
+                self._first_warning_step = result.step
             if runner.halted and not past_first_nonfinite:
                 reason = "nonfinite"
                 break
             runner.halted = False
             if runner.pending_step is not None:
+                # Paused before the optimizer step anyway (the warning shows there too).
                 reason = "nonfinite" if result.nonfinite else "before_apply"
+                break
+            if warned and self.pause_at_warning and not past_first_warning:
+                reason = "warning"
                 break
         self._emit_records(pending)
         self.run_paused.emit(self._paused(reason, done))
@@ -323,6 +342,8 @@ class RunWorker(QObject):
             self.run_failed.emit(RunFailed("settings", message, details))
             self.run_paused.emit(self._paused("failed", 0))
             return
+        if self._first_warning_step is not None and self._first_warning_step >= step:
+            self._first_warning_step = None  # that step is gone: its warnings with it
         self.run_rewound.emit(RunRewound(step, runner.rewind_steps, runner.snapshot_bytes()))
         self.run_paused.emit(self._paused("requested", 0))
 
@@ -376,7 +397,7 @@ class RunWorker(QObject):
             return False
         watch_after = runner.watch.layers if runner.watch is not None else None
         if watch_after is not watch_before:
-            self.watch_changed.emit(WatchChanged(list(watch_after or [])))
+            self.watch_changed.emit(WatchChanged(list(watch_after or []), runner.statistic_infos))
         return True
 
     def _close_runner(self) -> None:

@@ -35,6 +35,7 @@ from gradscope.gui.plots.statistic_choice import (
     StatisticSelector,
 )
 from gradscope.gui.plots.step_zoom import StepZoomViewBox
+from gradscope.gui.plots.warning_guides import WarningGuides, guiding_warning
 from gradscope.gui.selection import Selection
 from gradscope.gui.status_style import (
     NONFINITE_MARKER_COLOR,
@@ -149,6 +150,7 @@ class GradientNormPlot(QWidget):
         self.markers.setZValue(20)
         self.item.addItem(self.markers, ignoreBounds=True)
         self.skipped = SkippedMarkers(self.item, pinned=True)
+        self.warning_guides = WarningGuides(self.item)
         self.item.vb.addItem(self.group_lines)
         self.item.vb.addItem(self.group_dots)
         self._marker_brushes = (pg.mkBrush(ZERO_MARKER_COLOR), pg.mkBrush(NONFINITE_MARKER_COLOR))
@@ -320,7 +322,23 @@ class GradientNormPlot(QWidget):
         self._update_compared(view, visible)
         self._update_legend(visible)
         self.show_selection(view.selected_layer, view.selected_step)
+        self._update_warning_guides(view, visible)
         self._redraw_view_dependent()
+
+    def _update_warning_guides(self, view: PlotView, visible: list[str]) -> None:
+        """The limit and projection of a warning on the statistic shown (the layers' own
+        statistics only: a parameter has no warning of its own)."""
+        warnings = () if self.per_parameter else view.history.warnings
+        warning = guiding_warning(
+            warnings, self.statistic, set(visible), view.selected_layer, view.selected_step
+        )
+        x = self.x_of_step(warning.step) if warning is not None else 0.0
+        self.warning_guides.refresh(
+            warning,
+            lambda values: self._y(np.log10(values)),
+            x,
+            project=not self.wall_clock,
+        )
 
     def _layer_curve(self, name: str) -> pg.PlotDataItem:
         curve = self.curves.get(name)

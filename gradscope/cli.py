@@ -692,6 +692,8 @@ def report_command(argv: Sequence[str]) -> int:
         loss_recorded = reader.loss_recorded
         source, device = reader.source, reader.device
         settings, world_size = reader.settings, reader.info.get("world_size")
+        # null: the run did not look for them; [] it did, and none came
+        warnings = history.warnings if reader.looked_for_warnings else None
     say(f"{source} on {device}: {history.count} step(s)", end="")
     if loss_recorded.any():
         losses = history.losses[loss_recorded]
@@ -706,6 +708,8 @@ def report_command(argv: Sequence[str]) -> int:
     origin = history.first_nonfinite
     if origin is not None:
         say(f"first non-finite value: {origin.describe()}")
+    if warnings is not None:
+        _say_early_warnings(warnings)
     if args.json:
         report = build_report(
             source,
@@ -713,6 +717,7 @@ def report_command(argv: Sequence[str]) -> int:
             history,
             settings=settings,
             world_size=_count_or_none(world_size),
+            warnings=warnings,
         )
         # A step whose loss was not given is null, as an unwatched layer's value is.
         report["loss"] = [
@@ -946,6 +951,18 @@ def _attach_parser() -> argparse.ArgumentParser:
         help="exit with status 1 when a NaN/Inf was recorded (and the script exited 0)",
     )
     parser.add_argument(
+        "--early-warnings",
+        action="store_true",
+        help="warn before a NaN/Inf: outputs or the loss that spike, drift upwards or near "
+        "their dtype's limits (in the summary and the recording)",
+    )
+    parser.add_argument(
+        "--fail-on-warning",
+        action="store_true",
+        help="exit with status 1 when an early warning was given (and the script exited 0; "
+        "turns --early-warnings on)",
+    )
+    parser.add_argument(
         "--tensorboard", metavar="DIR", help="also write TensorBoard scalars into DIR"
     )
     parser.add_argument("script", help="the training script (.py), run as __main__")
@@ -998,6 +1015,8 @@ def attach_command(argv: Sequence[str]) -> int:
         open_app=args.open,
         fail_on_nonfinite=args.fail_on_nonfinite,
         statistics=args.statistics,
+        early_warnings=args.early_warnings,
+        fail_on_warning=args.fail_on_warning,
     )
 
 

@@ -117,3 +117,89 @@ def test_the_lightning_callback_takes_early_warnings(tmp_path):
     looked, warnings = _warnings_of(record)
     assert looked and warnings
     assert warnings[0].module.startswith("net.blocks.")
+
+
+def _drifting_watch(steps: int = 40, **options) -> list:
+    """The drifting case under ``gradscope.watch(early_warnings=True, **options)``: its
+    warnings."""
+    import gradscope
+
+    torch.manual_seed(0)
+    prototypes = torch.randn(CLASSES, FEATURES, generator=torch.Generator().manual_seed(4))
+    model = ResidualClassifier(torch.float16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.2)
+    with gradscope.watch(model, early_warnings=True, **options) as watch:
+        for _ in range(steps):
+            labels = torch.randint(0, CLASSES, (64,))
+            loss = F.cross_entropy(
+                model(prototypes[labels] + 2 * torch.randn(64, FEATURES)), labels
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            watch.collect(loss)
+            optimizer.step()
+        return list(watch.early_warnings.warnings)
+
+
+def _warning_texts(logdir: Path) -> dict[str, tuple[int, str]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    found = {}
+    for tag in events.Tags()["tensors"]:
+        if tag.startswith("gradscope/warnings/"):
+            (event,) = events.Tensors(tag)
+            found[tag] = (event.step, event.tensor_proto.string_val[0].decode())
+    return found
+
+
+def test_tensorboard_gets_each_warning_as_text_live_and_from_the_recording(tmp_path):
+    warnings = _drifting_watch(tensorboard=tmp_path / "live", record=tmp_path / "run.gsrec")
+    assert warnings
+    expected = {
+        f"gradscope/warnings/{w.module}/{w.kind.replace(' ', '_')}": (
+            w.step,
+            f"{w.describe()}\n\nhint: {w.hint}",
+        )
+        for w in warnings
+    }
+    assert _warning_texts(tmp_path / "live") == expected
+    assert (
+        main(["report", str(tmp_path / "run.gsrec"), "--tensorboard", str(tmp_path / "rec")]) == 0
+    )
+    assert _warning_texts(tmp_path / "rec") == expected
+
+
+def test_wandb_logs_each_warning_at_its_step(tmp_path, monkeypatch):
+    import time
+
+    import wandb
+
+    from tests.test_export import _wandb_history
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(mode="offline", dir=str(tmp_path), project="gradscope-test")
+    try:
+        warnings = _drifting_watch(wandb=True)
+        run_dir = run.dir.rsplit("/files", 1)[0]
+    finally:
+        run.finish()
+    assert warnings
+    deadline = time.monotonic() + 30
+    rows: list = []
+    while len(rows) < 40 and time.monotonic() < deadline:
+        rows = [row for row in _wandb_history(run_dir) if "gradscope/step" in row]
+        time.sleep(0.2)
+    logged = {
+        (row["gradscope/step"], key): value
+        for row in rows
+        for key, value in row.items()
+        if key.startswith("gradscope/warnings/")
+    }
+    assert logged == {
+        (w.step, f"gradscope/warnings/{w.module}/{w.kind.replace(' ', '_')}"): (
+            f"{w.describe()}\n\nhint: {w.hint}"
+        )
+        for w in warnings
+    }

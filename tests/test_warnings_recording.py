@@ -158,3 +158,45 @@ def test_a_warning_field_outside_its_domain_says_which(warned, tmp_path, field, 
         with RecordingReader(path) as reader:
             reader.load()
     assert said in str(raised.value)
+
+
+def test_a_follower_drops_the_abandoned_branchs_warnings_and_reads_the_new_ones(tmp_path):
+    from torch import nn
+
+    from gradscope.core.facts import EarlyWarning
+    from gradscope.core.module_tree import build_module_tree
+    from gradscope.core.recording import RecordingWriter
+    from gradscope.core.watch import GradientWatch
+
+    def warning(step: int, module: str) -> EarlyWarning:
+        return EarlyWarning(step, module, "drifting", "output max |x|", 40.0, 65504.0, "5 -> 40")
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    watch = GradientWatch(model)
+    path = tmp_path / "rewound.gsrec"
+    writer = RecordingWriter(path, build_module_tree(model))
+
+    def steps(count: int, warned: dict[int, EarlyWarning]) -> None:
+        for _ in range(count):
+            model.zero_grad()
+            stats = watch.collect(model(torch.randn(2, 3)).sum())
+            stats.warnings = [warned[stats.step]] if stats.step in warned else []
+            writer.append(stats, watch.layers)
+        writer.flush()
+
+    first, abandoned, new = warning(2, "0"), warning(4, "2"), warning(4, "0")
+    steps(6, {2: first, 4: abandoned})
+    follower = RecordingReader(path)
+    _, followed = follower.load()
+    assert followed.warnings == [first, abandoned]
+    writer.rewind_to(3)
+    watch._step = 3  # as StepRunner.rewind sets the watch's step
+    steps(3, {4: new})
+    assert follower.read_new_steps(followed) == 3
+    writer.close()
+    follower.close()
+    assert followed.warnings == [first, new]
+    assert [e.layer for e in followed.events if e.kind == "warning"] == ["0", "0"]
+    with RecordingReader(path) as reader:
+        assert reader.load()[1].warnings == [first, new]

@@ -776,9 +776,16 @@ def _report_rank_set(args: argparse.Namespace, recordings: Any) -> int:
     chosen = located_origin(loaded.facts)
     if chosen is not None:
         say(f"first non-finite value (rank {chosen[0]}): {chosen[1].describe()}")
+    if loaded.warnings is not None:
+        _say_early_warnings(loaded.warnings)
     if args.json:
         report = build_report(
-            loaded.source, loaded.device, history, settings=loaded.settings, world_size=world
+            loaded.source,
+            loaded.device,
+            history,
+            settings=loaded.settings,
+            world_size=world,
+            warnings=loaded.warnings,
         )
         report["loss"] = [
             v if given else None

@@ -200,3 +200,16 @@ def test_a_follower_drops_the_abandoned_branchs_warnings_and_reads_the_new_ones(
     assert [e.layer for e in followed.events if e.kind == "warning"] == ["0", "0"]
     with RecordingReader(path) as reader:
         assert reader.load()[1].warnings == [first, new]
+
+
+def test_report_of_a_rank_set_gives_rank_0s_warnings(warned, tmp_path, capsys):
+    path, given = warned
+    rank_file = tmp_path / "run.rank0.gsrec"
+    rank_file.write_bytes(path.read_bytes())
+    report = tmp_path / "report.json"
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "run.gsrec"), "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "rank 0's recording of 1" in out  # read as a set of rank files
+    assert f"early warnings: {len(given)}" in out
+    assert json.loads(report.read_text())["warnings"] == [w.to_json() for w in given]

@@ -213,3 +213,30 @@ def test_report_of_a_rank_set_gives_rank_0s_warnings(warned, tmp_path, capsys):
     assert "rank 0's recording of 1" in out  # read as a set of rank files
     assert f"early warnings: {len(given)}" in out
     assert json.loads(report.read_text())["warnings"] == [w.to_json() for w in given]
+
+
+@pytest.mark.parametrize("looked", [True, False])
+def test_the_apps_recording_says_by_its_settings_whether_it_looked(tmp_path, capsys, looked):
+    """The app writes its recording itself (no watch sink): its run settings say it."""
+    from torch import nn
+
+    from gradscope.core.module_tree import build_module_tree
+    from gradscope.core.recording import RecordingWriter
+    from gradscope.core.settings import RunSettings
+    from gradscope.core.watch import GradientWatch
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    watch = GradientWatch(model, early_warnings=looked)
+    path = tmp_path / "app.gsrec"
+    settings = RunSettings(early_warnings=looked).to_dict()
+    writer = RecordingWriter(path, build_module_tree(model), settings, info={"source": "x.py"})
+    for _ in range(3):
+        model.zero_grad()
+        writer.append(watch.collect(model(torch.randn(2, 3)).sum()), watch.layers)
+    writer.close()
+    watch.close()
+    report = tmp_path / "report.json"
+    capsys.readouterr()
+    assert main(["report", str(path), "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["warnings"] == ([] if looked else None)
+    assert ("early warnings: none" in capsys.readouterr().out) == looked

@@ -199,8 +199,10 @@ class RecordingReader:
     @property
     def looked_for_warnings(self) -> bool:
         """Whether the run looked for early warnings (``early_warnings=True``): then
-        ``RunHistory.warnings`` holds all it gave, none if it is empty."""
-        return self._has_warnings and self.info.get("early_warnings") == "1"
+        ``RunHistory.warnings`` holds all it gave, none if it is empty. A watch's recording
+        says so in its info; the app's, in its run settings."""
+        said = self.info.get("early_warnings") == "1" or self.settings.get("early_warnings")
+        return self._has_warnings and bool(said)
 
     @property
     def source(self) -> str:

@@ -14,6 +14,11 @@ process so that machine drift (thermal, other load) hits them alike:
   the random states, the buffers forward writes, the gradient at the model's output); the
   capture is on in ``gradscope`` only (it is detached for every other variant);
 - ``gradscope_detail1``: the same with ``detail_every=1`` (every statistic every step);
+- ``early_warnings``: ``gradscope_no_capture`` with ``early_warnings=True`` (issue #37: the
+  forward statistics, each watched layer's output max |x| and the head's log-partition, on
+  the default schedule, every 10th step, and the detectors on the host every step). Its cost
+  is judged against ``gradscope_no_capture`` over every step (mean step times: a block's
+  median would hide the one due step in ten), and on the due and the other steps apart;
 - ``seed_hook``: the seed's approach, a ``Tensor.register_hook`` on every parameter calling
   ``torch.isnan(grad).any()``, ``torch.isinf(grad).any()`` and ``grad.norm().item()``;
 - ``detect_anomaly``: forward and backward under ``torch.autograd.detect_anomaly()``;
@@ -101,6 +106,8 @@ import gradscope  # noqa: E402
 
 # Issue #24: the per-step capture adds at most 1% to the watched step; its paired
 # comparison runs for this long per case (times --scale), at least and at most so many pairs.
+# Issue #37: the early warnings add at most 2% with the default schedule, nothing off it.
+EARLY_WARNINGS_TARGET = 1.02
 CAPTURE_TARGET = 1.01
 CAPTURE_BUDGET_S = 10.0
 MIN_CAPTURE_PAIRS = 30
@@ -111,6 +118,7 @@ VARIANTS = (
     "gradscope",
     "gradscope_no_capture",
     "gradscope_detail1",
+    "early_warnings",
     "seed_hook",
     "detect_anomaly",
     "reads_only",
@@ -345,6 +353,10 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
     watch = gradscope.watch(model)
     capture = watch.replay  # on for the "gradscope" variant only
     watch_detail1 = gradscope.watch(model, detail_every=1, replay=False)
+    watch_early = gradscope.watch(model, early_warnings=True, replay=False)
+    # Its forward hooks, armed for its due steps, must not run in the other variants' steps.
+    watch_early.outputs.disarm()
+    early_due: list[bool] = []  # per timed step of the variant: a forward statistic was due
     params = [p for p in model.parameters() if p.requires_grad]
     seed = SeedHook(model)
     cuda = device.type == "cuda"
@@ -354,6 +366,9 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
             capture.attach()
         else:
             capture.detach()
+        if variant == "early_warnings":
+            watch_early._arm_outputs()  # what its last collect armed (untimed) ...
+            early_due.append(watch_early.outputs.armed)
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -369,6 +384,8 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
                 _watch_collect(watch, loss, cuda)
             elif variant == "gradscope_detail1":
                 _watch_collect(watch_detail1, loss, cuda)
+            elif variant == "early_warnings":
+                _watch_collect(watch_early, loss, cuda)
             elif variant == "reads_only":
                 _reads_only(params, loss)
             elif variant == "norms_only":
@@ -376,7 +393,10 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
         optimizer.step()
         if cuda:
             torch.cuda.synchronize()
-        return time.perf_counter() - start
+        took = time.perf_counter() - start
+        if variant == "early_warnings":
+            watch_early.outputs.disarm()  # ... and taken off again until its next step
+        return took
 
     max_rounds = max(3, round(case.rounds * scale))
     budget = case.budget_s * scale
@@ -384,6 +404,7 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
     load_before = os.getloadavg()[0]
     for variant in VARIANTS:  # warm up allocators, autograd caches, lazy imports
         _block(variant, step, seed, 2)
+    early_due.clear()  # from here on, one per timed step (every["early_warnings"])
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     every: dict[str, list[float]] = {v: [] for v in VARIANTS}
     ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -406,6 +427,7 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
     pair_ratios = [with_capture / without for with_capture, without in pairs]
     watch.close()
     watch_detail1.close()
+    watch_early.close()
 
     result = {
         "description": case.description,
@@ -441,6 +463,9 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
         "capture_paired_ratio": round(statistics.median(pair_ratios), 4),
         "capture_paired_us": round(statistics.median(a - b for a, b in pairs) * 1e6, 1),
         "meets_capture_target": bool(statistics.median(pair_ratios) <= CAPTURE_TARGET),
+        "early_warnings": early_warnings_cost(
+            every["early_warnings"], early_due, every["gradscope_no_capture"]
+        ),
         "variants": {},
     }
     plain_p10 = _quantile(sorted(every["plain"]), 0.1)
@@ -469,6 +494,33 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
             g = result["variants"]["gradscope_detail1"][figure]
             result[key + "_detail1"] = bool(g <= case.target_detail1)
     return result
+
+
+def early_warnings_cost(
+    times: list[float], due: list[bool], baseline: list[float]
+) -> dict[str, float | int | bool]:
+    """Issue #37's figures: the ``early_warnings`` variant's steps against the same watch
+    without them (``baseline``: ``gradscope_no_capture``'s steps of the same rounds), on the
+    steps a forward statistic was due and on the others apart (medians), and amortised over
+    the schedule: the due steps' share times their ratio plus the others'. Medians per kind
+    of step, since a mean over a shared machine's steps moves with its stalls."""
+    base = statistics.median(baseline)
+    due_times = [t for t, d in zip(times, due, strict=True) if d]
+    other_times = [t for t, d in zip(times, due, strict=True) if not d]
+    due_ratio = statistics.median(due_times) / base if due_times else float("nan")
+    other_ratio = statistics.median(other_times) / base if other_times else float("nan")
+    share = len(due_times) / max(1, len(times))
+    amortised = share * due_ratio + (1 - share) * other_ratio if due_times else other_ratio
+    return {
+        "due_steps": len(due_times),
+        "other_steps": len(other_times),
+        "due_ratio": round(due_ratio, 4),
+        "other_ratio": round(other_ratio, 4),
+        "amortised_ratio": round(amortised, 4),
+        "mean_ratio": round(statistics.fmean(times) / statistics.fmean(baseline), 4),
+        "target": EARLY_WARNINGS_TARGET,
+        "meets_target": bool(amortised <= EARLY_WARNINGS_TARGET),
+    }
 
 
 def capture_pairs(
@@ -940,6 +992,14 @@ def print_table(results: dict, header: str) -> None:
             f"pairs of steps): {res['capture_paired_ratio']:.4f}x, "
             f"{res['capture_paired_us']:+.1f} µs a step: "
             f"{'met' if res['meets_capture_target'] else 'MISSED'}"
+        )
+        early = res["early_warnings"]
+        print(
+            f"{'':<12} early_warnings / gradscope_no_capture: {early['amortised_ratio']:.4f}x "
+            f"amortised over the schedule (target <= {early['target']}x: "
+            f"{'met' if early['meets_target'] else 'MISSED'}); due steps "
+            f"{early['due_ratio']:.4f}x ({early['due_steps']}), other steps "
+            f"{early['other_ratio']:.4f}x ({early['other_steps']}); mean {early['mean_ratio']:.4f}x"
         )
         print(
             f"{'':<12} target: gradscope <= {target}x and below seed_hook: {verdict} "

@@ -37,6 +37,18 @@ def _attach_parser() -> argparse.ArgumentParser:
         help="exit with status 1 when a NaN/Inf was recorded (and the script exited 0)",
     )
     parser.add_argument(
+        "--early-warnings",
+        action="store_true",
+        help="warn before a NaN/Inf: outputs or the loss that spike, drift upwards or near "
+        "their dtype's limits (in the summary and the recording)",
+    )
+    parser.add_argument(
+        "--fail-on-warning",
+        action="store_true",
+        help="exit with status 1 when an early warning was given (and the script exited 0; "
+        "turns --early-warnings on)",
+    )
+    parser.add_argument(
         "--tensorboard", metavar="DIR", help="also write TensorBoard scalars into DIR"
     )
     parser.add_argument("script", help="the training script (.py), run as __main__")
@@ -89,4 +101,6 @@ def attach_command(argv: Sequence[str]) -> int:
         open_app=args.open,
         fail_on_nonfinite=args.fail_on_nonfinite,
         statistics=args.statistics,
+        early_warnings=args.early_warnings,
+        fail_on_warning=args.fail_on_warning,
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 from gradscope.cli.exits import EXIT_NONFINITE, EXIT_OK
 from gradscope.cli.output import check_output_path, say, say_summary
+from gradscope.cli.run_output import say_early_warnings
 from gradscope.core.errors import GradScopeError
 
 
@@ -77,6 +78,8 @@ def report_command(argv: Sequence[str]) -> int:
         loss_recorded = reader.loss_recorded
         source, device = reader.source, reader.device
         settings, world_size = reader.settings, reader.info.get("world_size")
+        # null: the run did not look for them; [] it did, and none came
+        warnings = history.warnings if reader.looked_for_warnings else None
     say(f"{source} on {device}: {history.count} step(s)", end="")
     if loss_recorded.any():
         losses = history.losses[loss_recorded]
@@ -91,6 +94,8 @@ def report_command(argv: Sequence[str]) -> int:
     origin = history.first_nonfinite
     if origin is not None:
         say(f"first non-finite value: {origin.describe()}")
+    if warnings is not None:
+        say_early_warnings(warnings)
     if args.json:
         report = build_report(
             source,
@@ -98,6 +103,7 @@ def report_command(argv: Sequence[str]) -> int:
             history,
             settings=settings,
             world_size=_count_or_none(world_size),
+            warnings=warnings,
         )
         # A step whose loss was not given is null, as an unwatched layer's value is.
         report["loss"] = [
@@ -156,9 +162,16 @@ def _report_rank_set(args: argparse.Namespace, recordings: Any) -> int:
     chosen = located_origin(loaded.facts)
     if chosen is not None:
         say(f"first non-finite value (rank {chosen[0]}): {chosen[1].describe()}")
+    if loaded.warnings is not None:
+        say_early_warnings(loaded.warnings)
     if args.json:
         report = build_report(
-            loaded.source, loaded.device, history, settings=loaded.settings, world_size=world
+            loaded.source,
+            loaded.device,
+            history,
+            settings=loaded.settings,
+            world_size=world,
+            warnings=loaded.warnings,
         )
         report["loss"] = [
             v if given else None

@@ -24,7 +24,8 @@ class LightningGradScope(CallbackViews):
     statistics (``gradscope/grad_norm/<layer>``...) to the Trainer's own loggers at its
     global step; ``tensorboard="DIR"`` writes them to a TensorBoard folder of their own.
     Other keyword arguments go to ``gradscope.watch`` (``explode_threshold``,
-    ``vanish_threshold``, ``update_ratio``, ``statistics=[...]`` of your own...).
+    ``vanish_threshold``, ``update_ratio``, ``statistics=[...]`` of your own,
+    ``early_warnings=True``: warnings before a NaN/Inf, kept in the recording...).
 
     Statistics are taken in ``on_before_optimizer_step``: after backward (and, with
     gradient accumulation, after the last micro-batch's backward: once per optimizer step),

@@ -40,7 +40,8 @@ class GradScopeCallback(CallbackViews, TrainerCallback):
     glob patterns of the model (default: every module with parameters). ``detail_every``:
     passed to the watch. ``open_app=True`` opens the app on the recording as training
     starts. Other keyword arguments go to ``gradscope.watch`` (``statistics=[...]`` of your
-    own among them).
+    own among them, and ``early_warnings=True``: warnings before a NaN/Inf, kept in the
+    recording).
 
     Statistics are taken once per optimizer step, after the last micro-batch's backward
     under gradient accumulation, with the gradients averaged over DDP processes and

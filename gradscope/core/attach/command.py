@@ -1,6 +1,7 @@
 """``gradscope attach``'s work once its options are read: hooks in, the script run, every
 watch closed, a summary on stderr, and the script's exit code (1 instead of 0 with
-``--fail-on-nonfinite`` when a NaN/Inf was recorded; the script itself always runs to its
+``--fail-on-nonfinite`` when a NaN/Inf was recorded, or with ``--fail-on-warning`` when an
+early warning was given; the script itself always runs to its
 end, as it would without GradScope)."""
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def attach(
     open_app: bool = False,
     fail_on_nonfinite: bool = False,
     statistics: Sequence[str] = (),
+    early_warnings: bool = False,
+    fail_on_warning: bool = False,
 ) -> int:
     check_script(script)
     # A bad --statistic is said now, before the script runs.
@@ -50,6 +53,7 @@ def attach(
             open_app=open_app,
             source=os.path.abspath(script),
             statistics=statistic_classes,
+            early_warnings=early_warnings or fail_on_warning,
         )
     )
     session.start()
@@ -60,5 +64,7 @@ def attach(
     for line in session.summary():
         say(line)
     if fail_on_nonfinite and code == 0 and session.nonfinite:
+        return EXIT_NONFINITE
+    if fail_on_warning and code == 0 and session.warned:
         return EXIT_NONFINITE
     return code

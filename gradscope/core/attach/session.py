@@ -58,6 +58,8 @@ class AttachOptions:
     source: str = ""
     # gradscope.Statistic subclasses (--statistic): each watch makes its own instances.
     statistics: Sequence[type] = ()
+    # --early-warnings: each watch looks for the precursors of a NaN/Inf (#37).
+    early_warnings: bool = False
 
 
 @dataclass
@@ -269,6 +271,8 @@ class AttachSession:
             options["detail_every"] = self.options.detail_every
         if self.options.statistics:  # each watch its own instances
             options["statistics"] = [kind() for kind in self.options.statistics]
+        if self.options.early_warnings:
+            options["early_warnings"] = True
         tensorboard = self._tensorboard_for(model)
         name = model_name(model)
         # The capture made at the model's first training forward: step 0 is in it.
@@ -386,6 +390,8 @@ class AttachSession:
             origin = entry.watch.first_origin
             if origin is not None:
                 lines.append(f"  first non-finite value: {origin.describe()}")
+            for warning in self._warnings_of(entry):
+                lines.append(f"  early warning: {warning.describe()}")
         if not lines and not self.optimizer_steps:
             lines.append(
                 "the script called no optimizer.step(): nothing was recorded (weights "
@@ -397,6 +403,16 @@ class AttachSession:
                 "nothing was recorded"
             )
         return lines
+
+    @staticmethod
+    def _warnings_of(entry: WatchedModel) -> list[Any]:
+        early = None if entry.watch is None else entry.watch.early_warnings
+        return [] if early is None else early.warnings
+
+    @property
+    def warned(self) -> bool:
+        """Whether a watch gave an early warning (``--fail-on-warning``)."""
+        return any(self._warnings_of(entry) for entry in self.models.values())
 
     @property
     def nonfinite(self) -> bool:

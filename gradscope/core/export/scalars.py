@@ -6,7 +6,9 @@ layer is watched; ``gradscope/max_abs/<layer>``, ``gradscope/weight_norm/<layer>
 ``gradscope/total_grad_norm`` at every step; ``gradscope/<name>/<layer>`` for each named
 statistic (``gradscope.Statistic``) at the steps it was due. NaN and Inf are kept as they
 are: a dashboard that drops them from its plot still has the ``nonfinite`` tag. The model's
-root (a layer named "") is ``(model)``.
+root (a layer named "") is ``(model)``. Text beside them: ``gradscope/first_nonfinite`` (the
+first NaN/Inf origin) and ``gradscope/warnings/<layer>/<kind>`` (an early warning, at its
+step; a whole-model quantity such as the loss is named instead of a layer).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from gradscope.core.facts import STATUS_NONFINITE
 from gradscope.core.history import named_figures
 
 if TYPE_CHECKING:
-    from gradscope.core.facts import LayerInfo, Origin, StepStats
+    from gradscope.core.facts import EarlyWarning, LayerInfo, Origin, StepStats
 
 PREFIX = "gradscope"
 LAYER_STATISTICS = ("grad_norm", "max_abs", "weight_norm", "update_ratio")
 FIRST_ORIGIN_TAG = f"{PREFIX}/first_nonfinite"
+WARNINGS_PREFIX = f"{PREFIX}/warnings"
 
 
 def layer_label(name: str) -> str:
@@ -87,4 +90,19 @@ def origin_summary(origin: Origin) -> str:
     hint = origin.details.get("hint")
     if hint:
         lines.append(f"hint: {hint}")
+    return "\n\n".join(lines)
+
+
+def warning_tag(warning: EarlyWarning) -> str:
+    """``gradscope/warnings/<layer>/<kind>`` (``low_headroom``...): a module warns once per
+    kind, so the tag is the warning's own."""
+    where = warning.quantity if warning.module is None else layer_label(warning.module)
+    return f"{WARNINGS_PREFIX}/{where}/{warning.kind.replace(' ', '_')}"
+
+
+def warning_summary(warning: EarlyWarning) -> str:
+    """An early warning as a few lines of text: what was seen, and what practice does."""
+    lines = [warning.describe()]
+    if warning.hint:
+        lines.append(f"hint: {warning.hint}")
     return "\n\n".join(lines)

@@ -12,6 +12,8 @@ from gradscope.core.export.scalars import (
     layer_tag,
     origin_summary,
     step_scalars,
+    warning_summary,
+    warning_tag,
 )
 from gradscope.core.export.tensorboard_events import TensorBoardEvents
 from gradscope.core.facts import STATUS_NONFINITE
@@ -56,6 +58,8 @@ def write_tensorboard(history: RunHistory, logdir: str | os.PathLike[str]) -> in
         first = history.first_nonfinite
         if first is not None:
             events.text(first.step, FIRST_ORIGIN_TAG, origin_summary(first))
+        for warning in history.warnings:
+            events.text(warning.step, warning_tag(warning), warning_summary(warning))
     finally:
         events.close()
     return len(steps)

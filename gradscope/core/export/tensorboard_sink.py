@@ -1,7 +1,8 @@
 """The TensorBoard sink: ``gradscope.watch(model, tensorboard="runs/tb")`` adds one.
 
 Every collected step becomes one event of :mod:`gradscope.core.export.scalars`' tags at the
-watch's step number; the first NaN/Inf origin is also written as text. With the update ratio
+watch's step number; the first NaN/Inf origin and each early warning are also written as
+text. With the update ratio
 on, a step is written at the next step (or at ``close()``), once its optimizer step has been
 measured, as the recording sink does.
 """
@@ -11,7 +12,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from gradscope.core.export.scalars import FIRST_ORIGIN_TAG, origin_summary, stats_scalars
+from gradscope.core.export.scalars import (
+    FIRST_ORIGIN_TAG,
+    origin_summary,
+    stats_scalars,
+    warning_summary,
+    warning_tag,
+)
 from gradscope.core.export.step_sink import CompleteStepSink
 from gradscope.core.export.tensorboard_events import TensorBoardEvents
 
@@ -35,6 +42,8 @@ class TensorBoardSink(CompleteStepSink):
         if stats.origin is not None and not self._origin_written:
             self._origin_written = True
             self.events.text(stats.step, FIRST_ORIGIN_TAG, origin_summary(stats.origin))
+        for warning in stats.warnings:
+            self.events.text(stats.step, warning_tag(warning), warning_summary(warning))
 
     def release(self) -> None:
         self.events.close()

@@ -2,7 +2,8 @@
 active ``wandb.run`` with one ``wandb.log`` call holding :mod:`.scalars`' keys and
 ``gradscope/step`` (the watch's step). The ``gradscope/*`` keys are plotted against
 ``gradscope/step``, so they line up with the training steps whatever else the script logs
-and however often. No per-parameter panels; no histogram upload.
+and however often. The first NaN/Inf origin and each early warning are text under their
+tags. No per-parameter panels; no histogram upload.
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from gradscope.core.errors import GradScopeError
 from gradscope.core.export.optional_import import require
-from gradscope.core.export.scalars import FIRST_ORIGIN_TAG, PREFIX, origin_summary, stats_scalars
+from gradscope.core.export.scalars import (
+    FIRST_ORIGIN_TAG,
+    PREFIX,
+    origin_summary,
+    stats_scalars,
+    warning_summary,
+    warning_tag,
+)
 from gradscope.core.export.step_sink import CompleteStepSink
 
 if TYPE_CHECKING:
@@ -40,4 +48,6 @@ class WandbSink(CompleteStepSink):
         if stats.origin is not None and not self._origin_logged:
             self._origin_logged = True
             payload[FIRST_ORIGIN_TAG] = origin_summary(stats.origin)
+        for warning in stats.warnings:
+            payload[warning_tag(warning)] = warning_summary(warning)
         self.run.log(payload)

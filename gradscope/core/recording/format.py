@@ -27,13 +27,16 @@ Format (``FORMAT_VERSION`` in the ``meta`` table; a reader refuses newer version
   and ``figures`` (one BLOB per step and statistic, on the steps it was due only: its
   values for the step's layer set as float32, like the tables above). A new statistic is
   a row of ``statistics``, never a schema change (version 3);
+- ``warnings``: the early warnings (``StepStats.warnings``, ``facts.EarlyWarning`` as JSON),
+  each also an ``events`` row of kind "warning" (its ``describe()``), as an origin is;
 - ``rewinds``: where the app rewound the run (``RecordingWriter.rewind_to``); the abandoned
   branch's rows are deleted, so step numbers never decrease from row to row, and a
   follower rewinds its history when it sees a new entry.
 
 Added within version 2 (a reader checks for them, a file without them opens as before, and an
 older GradScope reads a file with them, ignoring them): ``steps.wall_time`` and the three
-parameter tables. Nothing in them changes what the older columns mean, so the version stays.
+parameter tables; within version 3, ``warnings`` (an older GradScope shows their events).
+Nothing in them changes what the older columns mean, so the version stays.
 
 Nothing is pickled: opening a recording runs no code. SQLite's WAL mode lets readers read
 while the writer appends and a committed transaction survives the writer being killed
@@ -98,6 +101,7 @@ CREATE TABLE events(
     layer TEXT, message TEXT NOT NULL);
 CREATE INDEX events_by_row ON events(row);
 CREATE TABLE origins(id INTEGER PRIMARY KEY, row INTEGER NOT NULL, data TEXT NOT NULL);
+CREATE TABLE warnings(id INTEGER PRIMARY KEY, row INTEGER NOT NULL, data TEXT NOT NULL);
 CREATE TABLE rewinds(id INTEGER PRIMARY KEY, step INTEGER NOT NULL, row INTEGER NOT NULL);
 CREATE TABLE params(
     position INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, layer TEXT NOT NULL);
@@ -130,6 +134,8 @@ _TABLES = (
 )
 # Tables a file written before they were added lacks (see the module docstring).
 OPTIONAL_TABLES = ("params", "param_sets", "param_grad_norm")
+# The early warnings' table, added within version 3 (a file without it has none stored).
+WARNING_TABLE = "warnings"
 # The named statistics' tables: in every file from version 3 on, in none before.
 FIGURE_TABLES = ("statistics", "figures")
 FIGURES_SINCE_VERSION = 3
@@ -143,6 +149,7 @@ _ROW_TABLES = (
     "nonfinite_counts",
     "events",
     "origins",
+    WARNING_TABLE,
     "param_grad_norm",
     "figures",
 )

@@ -175,6 +175,8 @@ class LoadedSet:
     device: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
     loss_recorded: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    # Its early warnings; None when the run did not look for them.
+    warnings: list[Any] | None = None
 
     @property
     def primary_history(self) -> RunHistory:
@@ -197,4 +199,5 @@ def load_rank_set(recordings: RecordingSet) -> LoadedSet:
                 loaded.source, loaded.device = reader.source, reader.device
                 loaded.settings = reader.settings
                 loaded.loss_recorded = reader.loss_recorded
+                loaded.warnings = history.warnings if reader.looked_for_warnings else None
     return loaded

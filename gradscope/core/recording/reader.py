@@ -34,6 +34,7 @@ from gradscope.core.recording.format import (
     _FLAG_SKIPPED,
     _FLAG_UNWATCHED_NONFINITE,
     OPTIONAL_TABLES,
+    WARNING_TABLE,
     _check_header,
     _connect,
     _damaged,
@@ -45,6 +46,7 @@ from gradscope.core.recording.named_statistics import StatisticReader
 from gradscope.core.recording.stored_values import (
     StoredValueError,
     blob,
+    early_warning,
     event,
     layer_row,
     no_negative,
@@ -170,6 +172,8 @@ class RecordingReader:
                 )
             }
             self.has_parameter_norms = all(t in tables for t in OPTIONAL_TABLES)
+            # A file written before them has no early warnings stored (their events only).
+            self._has_warnings = WARNING_TABLE in tables
             self._statistics = StatisticReader(self._connection, self.format_version, tables)
         except (sqlite3.DatabaseError, *_DAMAGE) as error:
             self._connection.close()
@@ -183,6 +187,7 @@ class RecordingReader:
         self._last_event = 0
         self._last_rewind = 0
         self._last_origin = 0
+        self._last_warning = 0
         self._layer_names: list[str] = []
         self._layer_types: list[str] = []
         self._layer_params: list[int] = []
@@ -190,6 +195,14 @@ class RecordingReader:
         self._param_names: list[str] = []
         self._param_layers: list[str] = []
         self._param_sets: dict[int, np.ndarray] = {}
+
+    @property
+    def looked_for_warnings(self) -> bool:
+        """Whether the run looked for early warnings (``early_warnings=True``): then
+        ``RunHistory.warnings`` holds all it gave, none if it is empty. A watch's recording
+        says so in its info; the app's, in its run settings."""
+        said = self.info.get("early_warnings") == "1" or self.settings.get("early_warnings")
+        return self._has_warnings and bool(said)
 
     @property
     def source(self) -> str:
@@ -262,6 +275,7 @@ class RecordingReader:
         layer's worst status still covers every step."""
         history = RunHistory()
         self._last_row, self._last_event, self._last_origin = -1, 0, 0
+        self._last_warning = 0
         found = self._query("SELECT MAX(id) FROM rewinds")
         self._last_rewind = found[0][0] or 0
         self.loss_recorded = np.zeros(0, dtype=bool)
@@ -390,12 +404,20 @@ class RecordingReader:
                 f"SELECT id, step, kind, layer, message FROM events WHERE {span} ORDER BY id",
                 (first_row, stop_row),
             ).fetchall()
+        warnings: list[Any] = []
+        if self._has_warnings:
+            where, bounds = (span, (first_row, stop_row))
+            if follow:
+                where, bounds = "id > ?", (self._last_warning,)
+            warnings = connection.execute(
+                f"SELECT id, data FROM warnings WHERE {where} ORDER BY id", bounds
+            ).fetchall()
         origin_data = None
         if history.first_nonfinite is None:
             found = connection.execute("SELECT data FROM origins ORDER BY id LIMIT 1").fetchone()
             origin_data = found[0] if found else None
         if not step_rows:
-            self._add_events(history, events, origin_data, follow)
+            self._add_events(history, events, warnings, origin_data, follow)
             return 0
         table = np.array([(r[0], r[1], r[2], r[5]) for r in step_rows], dtype=np.int64)
         rows, steps, set_ids, flags = table[:, 0], table[:, 1], table[:, 2], table[:, 3]
@@ -526,7 +548,7 @@ class RecordingReader:
         if follow:
             self.loss_recorded = np.concatenate([self.loss_recorded, loss_given])
             self._last_row = int(rows[-1])
-        self._add_events(history, events, origin_data, follow)
+        self._add_events(history, events, warnings, origin_data, follow)
         return n
 
     def _check_steps(
@@ -607,15 +629,27 @@ class RecordingReader:
         self._last_row = min(self._last_row, int(cut_row) - 1)
         kept = connection.execute("SELECT MAX(id) FROM events WHERE row < ?", (cut_row,))
         self._last_event = kept.fetchone()[0] or 0
+        if self._has_warnings:
+            kept = connection.execute("SELECT MAX(id) FROM warnings WHERE row < ?", (cut_row,))
+            self._last_warning = kept.fetchone()[0] or 0
         self._last_rewind = connection.execute("SELECT MAX(id) FROM rewinds").fetchone()[0]
 
     def _add_events(
-        self, history: RunHistory, events: list[Any], origin_data: str | None, follow: bool
+        self,
+        history: RunHistory,
+        events: list[Any],
+        warnings: list[Any],
+        origin_data: str | None,
+        follow: bool,
     ) -> None:
         for event_id, step, kind, layer, message in events:
             history.events.append(event(step, kind, layer, message))
             if follow:
                 self._last_event = int(event_id)
+        for warning_id, data in warnings:
+            history.warnings.append(early_warning(data))
+            if follow:
+                self._last_warning = int(warning_id)
         if origin_data is not None and history.first_nonfinite is None:
             history.first_nonfinite = origin(origin_data)
         # Every episode's origin, each once (also when following a live recording).

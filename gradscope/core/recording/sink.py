@@ -130,6 +130,9 @@ class RecordingSink:
         }
         if world > 1:
             info.update(rank=str(rank), world_size=str(world))
+        # Tells a reader that no stored warning means none given, not none looked for.
+        if getattr(watch, "early_warnings", None) is not None:
+            info["early_warnings"] = "1"
         self.writer = RecordingWriter(
             choose_recording_path(path, overwrite=overwrite, per_rank=per_rank),
             build_module_tree(model),

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.core.facts import STATUS_NAMES, Origin
+from gradscope.core.facts import STATUS_NAMES, EarlyWarning, Origin
 from gradscope.core.history import MISSING, Event
 
 
@@ -202,3 +202,42 @@ def origin(data: Any) -> Origin:
         code=parsed.get("code"),
         details=details,
     )
+
+
+def early_warning(data: Any) -> EarlyWarning:
+    """A ``warnings`` row's JSON: an object with EarlyWarning's fields (unknown keys are
+    ignored, as an origin's are)."""
+    try:
+        parsed = json.loads(text(data, "an early warning"))
+    except json.JSONDecodeError as error:
+        raise StoredValueError(f"an early warning is not valid JSON ({error})") from None
+    if not isinstance(parsed, dict):
+        raise StoredValueError(f"an early warning is a JSON {type(parsed).__name__}, not an object")
+    missing = [
+        key
+        for key in ("step", "module", "kind", "quantity", "value", "limit", "evidence")
+        if key not in parsed
+    ]
+    if missing:
+        raise StoredValueError(f"an early warning lacks {', '.join(missing)}")
+    steps_left = parsed.get("steps_left")
+    return EarlyWarning(
+        step=integer(parsed["step"], "an early warning's step"),
+        module=optional_text(parsed["module"], "an early warning's module"),
+        kind=text(parsed["kind"], "an early warning's kind"),
+        quantity=text(parsed["quantity"], "an early warning's quantity"),
+        value=_json_number(parsed["value"], "an early warning's value"),
+        limit=number(parsed["limit"], "an early warning's limit"),
+        evidence=text(parsed["evidence"], "an early warning's evidence"),
+        steps_left=None
+        if steps_left is None
+        else count(steps_left, "an early warning's steps_left"),
+        hint=text(parsed.get("hint", ""), "an early warning's hint"),
+    )
+
+
+def _json_number(value: Any, what: str) -> float:
+    found = number(value, what)
+    if found is None:
+        raise StoredValueError(f"{what} is null, not a number")
+    return found

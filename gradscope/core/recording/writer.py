@@ -7,10 +7,10 @@ thread takes the GIL it can stall the training thread. When the queue is full (t
 has fallen ``max_pending`` steps behind), the step is dropped from the recording rather
 than stalling training, counted in :attr:`RecordingWriter.dropped`, warned about once, and
 the recording gets a ``gap`` event naming the missing steps. The one exception is the step
-that carries the first NaN/Inf origin: it waits (up to 5 s) for room, because it is the
-step a user opens the recording for. Measured at 500 layers (``benchmarks/recording.py``):
-under 1 us per step on the training thread, about 70 us of writer-thread CPU per step,
-about 6.7 kB of file per step.
+that carries the first NaN/Inf origin (or an early warning): it waits (up to 5 s) for room,
+because it is the step a user opens the recording for. Measured at 500 layers
+(``benchmarks/recording.py``): under 1 us per step on the training thread, about 70 us of
+writer-thread CPU per step, about 6.7 kB of file per step.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from gradscope.core.recording.format import (
     FORMAT_VERSION,
     OPTIONAL_TABLES,
     ORIGIN_WAIT_SECONDS,
+    WARNING_TABLE,
     _check_header,
     _connect,
     _damaged,
@@ -117,6 +118,7 @@ class _Batch:
         self.counts: list[tuple[int, bytes, bytes]] = []
         self.events: list[tuple[int, int, str, str | None, str]] = []
         self.origins: list[tuple[int, str]] = []
+        self.warnings: list[tuple[int, str]] = []
         self.info: list[tuple[str, str]] = []
         # The named statistics (see named_statistics.py): described, and their figures.
         self.statistics: list[tuple[Any, ...]] = []
@@ -224,7 +226,7 @@ class RecordingWriter:
                             f"{path} already exists; choose a new file name or pass "
                             "overwrite=True to replace it"
                         )
-                    for table in (*_TABLES, *OPTIONAL_TABLES, *FIGURE_TABLES):
+                    for table in (*_TABLES, *OPTIONAL_TABLES, *FIGURE_TABLES, WARNING_TABLE):
                         connection.execute(f"DROP TABLE IF EXISTS {table}")
                 # (not executescript: it would commit the transaction first)
                 for statement in _SCHEMA.split(";"):
@@ -315,8 +317,9 @@ class RecordingWriter:
             self.dropped += 1
             return False
         pending = self._pending
-        if len(pending) >= self.max_pending and origin is not None:
-            # The first NaN/Inf's step is the one a user opens the recording for: wait.
+        if len(pending) >= self.max_pending and (origin is not None or stats.warnings):
+            # The first NaN/Inf's step is the one a user opens the recording for, and an
+            # early warning's the one that says it was coming (each module warns once): wait.
             waited_until = time.monotonic() + ORIGIN_WAIT_SECONDS
             while len(pending) >= self.max_pending and time.monotonic() < waited_until:
                 self._wake.set()
@@ -620,6 +623,9 @@ class RecordingWriter:
         if origin is not None:
             batch.events.append((row, step, "origin", origin.module, origin.describe()))
             batch.origins.append((row, json.dumps(origin.to_dict(), default=str)))
+        for warning in stats.warnings:
+            batch.events.append((row, step, "warning", warning.module, warning.describe()))
+            batch.warnings.append((row, json.dumps(warning.to_json())))
 
     def _rewind(self, step: int) -> None:
         connection = self._connection
@@ -755,6 +761,10 @@ class RecordingWriter:
                 if batch.origins:
                     connection.executemany(
                         "INSERT INTO origins(row, data) VALUES (?,?)", batch.origins
+                    )
+                if batch.warnings:
+                    connection.executemany(
+                        "INSERT INTO warnings(row, data) VALUES (?,?)", batch.warnings
                     )
                 connection.executemany(
                     "UPDATE meta SET value = ? WHERE key = ?",

@@ -10,13 +10,6 @@ from gradscope.core.facts import STATUS_FROZEN, STATUS_NO_GRADIENT
 from gradscope.core.watch.binding import Binding
 
 
-def layer_norms(binding: Binding, param_norm: np.ndarray) -> tuple[np.ndarray, float]:
-    """Per-layer L2 norms from the parameters' (finite or not), and the watched parameters'
-    whole sum of squares (each parameter once, tied ones included)."""
-    squares = np.square(param_norm)
-    return layer_norms_of_squares(binding, squares), float(np.sum(squares))
-
-
 def layer_norms_of_squares(binding: Binding, squares: np.ndarray) -> np.ndarray:
     """Per-layer L2 norms from the parameters' sums of squares."""
     if not len(binding.offsets):

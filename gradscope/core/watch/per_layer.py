@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.core.watch.binding import Binding
-from gradscope.core.watch.layers import layer_max, layer_norms, layer_sums
+from gradscope.core.watch.layers import layer_max, layer_norms_of_squares, layer_sums
 from gradscope.core.watch.reads import Figures
 from gradscope.core.watch.statistics import Statistic
 
@@ -55,7 +55,7 @@ def per_layer_figures(
                     parts > 0, layer_sums(binding, values) / np.maximum(parts, 1), 0.0
                 )
             else:
-                per_layer[name] = layer_norms(binding, values)[0]
+                per_layer[name] = layer_norms_of_squares(binding, np.square(values))
         if output_reads:
             for statistic in output_reads:
                 if statistic.name not in failed:

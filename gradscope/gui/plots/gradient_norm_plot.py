@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, Qt, Signal
+from PySide6.QtCore import QPoint, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics
-from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QVBoxLayout
 
 from gradscope.core.history import MISSING, ParameterNorms, RunHistory
 from gradscope.gui.mixed_precision import (
@@ -25,6 +25,7 @@ from gradscope.gui.plots.compared_markers import (
     layer_marks,
 )
 from gradscope.gui.plots.display_values import ema_display, log10_display
+from gradscope.gui.plots.hover_label import HoverLabelPlot
 from gradscope.gui.plots.log_norm_cache import LogNormCache
 from gradscope.gui.plots.peak_cache import PeakLevels
 from gradscope.gui.plots.plot_view import PlotView
@@ -53,7 +54,7 @@ _EDGE_LEGEND = "\x00edge"
 RAW_ALPHA = 60
 
 
-class GradientNormPlot(QWidget):
+class GradientNormPlot(HoverLabelPlot):
     selection_made = Signal(object)  # Selection
     statistic_changed = Signal(str)  # the history statistic now shown
     # A right-click on a curve: (layer, global position) for the layer's menu.
@@ -807,29 +808,10 @@ class GradientNormPlot(QWidget):
         self._legend_names = ["-"]
         self.hide_hover()
 
-    def hide_hover(self) -> None:
-        """No hover label left pointing at data that is gone (a load, a rewind) or at a
-        spot the mouse has left."""
-        self.hover.setVisible(False)
-        self.hover_text = ""
-
-    def leaveEvent(self, event: object) -> None:
-        super().leaveEvent(event)
-        self.hide_hover()
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        # The mouse left the plot's drawing area, say onto the statistic or scale box over
-        # its corner (children of the plot: this widget's own leaveEvent does not come, and
-        # the label stayed over the open box's list).
-        if event.type() == QEvent.Type.Leave:
-            self.hide_hover()
-        return False
-
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
         found = self.nearest(scene_pos)
         if found is None:
-            self.hover.setVisible(False)
-            self.hover_text = ""
+            self.hide_hover()
             return
         name, step, value = found
         label = self.statistic_selector.label(self.statistic)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, QPointF, Qt, Signal
-from PySide6.QtWidgets import QComboBox, QVBoxLayout, QWidget
+from PySide6.QtCore import QPointF, Qt, Signal
+from PySide6.QtWidgets import QComboBox, QVBoxLayout
 
 from gradscope.gui.mixed_precision import (
     SKIPPED_WORDS,
@@ -20,6 +20,7 @@ from gradscope.gui.plots.compared_markers import (
 )
 from gradscope.gui.plots.compared_runs import LINE_STYLE_WORDS, ComparedRun, short_run_name
 from gradscope.gui.plots.display_values import ema_display, log10_display
+from gradscope.gui.plots.hover_label import HoverLabelPlot
 from gradscope.gui.plots.plot_view import PlotView
 from gradscope.gui.plots.plot_widget import DOTS_UP_TO, make_plot_widget
 from gradscope.gui.plots.step_zoom import StepZoomViewBox
@@ -32,7 +33,7 @@ from gradscope.gui.status_style import (
 _HOVER_PIXELS = 12  # how far (across the steps) the mouse may be from a step it reads
 
 
-class LossPlot(QWidget):
+class LossPlot(HoverLabelPlot):
     selection_made = Signal(object)
 
     def __init__(self) -> None:
@@ -300,20 +301,6 @@ class LossPlot(QWidget):
         if bool(history.skipped[row]):
             return f"{format_value(value)} ({SKIPPED_WORDS})"
         return format_value(value)
-
-    def hide_hover(self) -> None:
-        self.hover.setVisible(False)
-        self.hover_text = ""
-
-    def leaveEvent(self, event: object) -> None:
-        super().leaveEvent(event)
-        self.hide_hover()
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        # Left for the scale box over the corner (a child: no leaveEvent of this widget).
-        if event.type() == QEvent.Type.Leave:
-            self.hide_hover()
-        return False
 
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
         text = self.readout(scene_pos)

@@ -360,3 +360,118 @@ LOOK_ALIKES = (
     DriftCase("half_residual_lower_lr", _residual_training(torch.float16, 0.02), False),
     DriftCase("warmup_lower_peak", _residual_training(torch.float32, 0.01, warmup=100), False),
 )
+
+
+# --- attention logits inside one call: F.scaled_dot_product_attention, nn.MultiheadAttention --
+# No module returns the scores: the watch reads them from the op (gradscope.core.warnings.
+# op_reader). Float32 throughout; at a high learning rate without qk-layernorm the logits
+# grow; the attention runs in float16 (as autocast runs it on a GPU), where the logits
+# overflow.
+
+
+class FusedSelfAttention(nn.Module):
+    """Causal self-attention through ``F.scaled_dot_product_attention``; ``qk_norm``: a
+    LayerNorm on each head's queries and keys."""
+
+    def __init__(self, qk_norm: bool) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.proj = nn.Linear(WIDTH, WIDTH)
+        head_width = WIDTH // HEADS
+        self.q_norm = nn.LayerNorm(head_width) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(head_width) if qk_norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        qkv = self.qkv(x).view(batch, length, 3, HEADS, -1).permute(2, 0, 3, 1, 4)
+        query, key, value = self.q_norm(qkv[0]), self.k_norm(qkv[1]), qkv[2]
+        # float16, as autocast runs it on a GPU
+        out = F.scaled_dot_product_attention(query.half(), key.half(), value.half(), is_causal=True)
+        return self.proj(out.float().transpose(1, 2).reshape(batch, length, width))
+
+
+class TorchAttention(nn.Module):
+    """``nn.MultiheadAttention`` with a causal mask (its weights asked for, as by default),
+    under float16 autocast: its projections and q k^T in float16, its softmax in float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(WIDTH, HEADS, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
+        with torch.autocast(x.device.type, dtype=torch.float16):
+            out = self.mha(x, x, x, attn_mask=future)[0]
+        return out.float()
+
+
+class OpAttentionBlock(nn.Module):
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(WIDTH)
+        self.attn = attention
+        self.norm2 = nn.LayerNorm(WIDTH)
+        self.mlp = _mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class OpAttentionLM(nn.Module):
+    def __init__(self, attention: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.position = nn.Parameter(torch.randn(LENGTH, WIDTH) * 0.02)
+        self.blocks = nn.Sequential(OpAttentionBlock(attention()), OpAttentionBlock(attention()))
+        self.norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        return self.head(self.norm(self.blocks(x)))
+
+
+def _op_attention_training(
+    attention: Callable[[], nn.Module], lr: float, warmup: int = 0
+) -> Callable[[], Training]:
+    def build() -> Training:
+        model = OpAttentionLM(attention)
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.95))
+        scheduler = None
+        if warmup:
+            scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: min(1.0, (step + 1) / warmup)
+            )
+        return Training(model, optimizer, _markov_batches(), _next_token_loss, scheduler)
+
+    return build
+
+
+def _fused_attention() -> nn.Module:
+    return FusedSelfAttention(qk_norm=False)
+
+
+# The attention modules the op-level reader names (the module whose forward calls SDPA, and
+# nn.MultiheadAttention itself). Steps at which they fail with seed 0 (torch 2.14.1, one
+# thread): sdpa_warmup_too_high 132, multihead_attention_float16 220.
+OP_CASES = (
+    DriftCase(
+        "sdpa_warmup_too_high",
+        _op_attention_training(_fused_attention, 0.5, warmup=100),
+        fails=True,
+        precursors=("blocks.0.attn", "blocks.1.attn"),
+    ),
+    DriftCase(
+        "multihead_attention_float16",
+        _op_attention_training(TorchAttention, 0.1),
+        fails=True,
+        precursors=("blocks.0.attn.mha", "blocks.1.attn.mha"),
+    ),
+)
+
+OP_LOOK_ALIKES = (
+    DriftCase("sdpa_lower_peak", _op_attention_training(_fused_attention, 0.05, warmup=100), False),
+    DriftCase("multihead_attention_lower_lr", _op_attention_training(TorchAttention, 0.01), False),
+)

@@ -36,6 +36,7 @@ from gradscope.core.tiny_gradient import tiny_scale_after
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.warnings import EarlyWarnings
 from gradscope.core.warnings.observations import step_observations
+from gradscope.core.warnings.op_reader import OpReader, op_observations
 from gradscope.core.watch.binding import Binding, bind
 from gradscope.core.watch.distributed import UnreducedCheck, fact_device
 from gradscope.core.watch.episodes import Episodes
@@ -181,6 +182,9 @@ class GradientWatch:
         self._output_max_abs = OutputMaxAbs()
         self._log_partition = OutputLogPartition()
         self._warned_modules: dict[str, nn.Module] | None = None
+        # Attention logits and exp inputs, read from the ops on the same due steps.
+        self._op_reader = OpReader() if early_warnings else None
+        self._op_figures: list = []
         if early_warnings:
             statistics += [self._output_max_abs, self._log_partition]
         self.statistics = StatisticSet(statistics)
@@ -352,6 +356,8 @@ class GradientWatch:
             due = self.statistics.output_reads(self._step, self.detail_every)
             if not (self.outputs.armed and due == self.outputs.due):
                 self.outputs.arm(self.model, self.layers, due)
+            if self._op_reader is not None and self._output_max_abs in due:
+                self._op_reader.arm(self.model, self.wrapped_model)
 
     def launch(self, loss: Any = None, *, batch: Any = None) -> list[Transfer]:
         """Queue every statistic's computation and the device-to-host copies; no host
@@ -359,8 +365,11 @@ class GradientWatch:
         self._reads = self.statistics.parameter_reads(self._step, self.detail_every)
         outputs = None
         self._output_reads = self.outputs.due if self.outputs.armed else ()
+        self._op_figures = []
         if self._output_reads:
             outputs = self.outputs.take()
+            if self._op_reader is not None:
+                self._op_figures = self._op_reader.take()
             if not outputs:  # no forward ran with the hooks (armed after it): not measured
                 self._output_reads = ()
         if self.binding.parameters_replaced(self.model):
@@ -429,6 +438,8 @@ class GradientWatch:
                 self._output_max_abs,
                 self._log_partition,
             )
+            observed += op_observations(self._op_figures)
+            self._op_figures = []
             stats.warnings = self.early_warnings.observe(stats.step, observed)
         self.sinks.on_step(self, stats)
         return stats
@@ -594,6 +605,8 @@ class GradientWatch:
                 handle.remove()
             self._handles.clear()
             self.outputs.disarm()
+            if self._op_reader is not None:
+                self._op_reader.disarm()
             if self.replay is not None:
                 self.replay.close()
 

@@ -472,6 +472,10 @@ OP_CASES = (
 )
 
 OP_LOOK_ALIKES = (
-    DriftCase("sdpa_lower_peak", _op_attention_training(_fused_attention, 0.05, warmup=100), False),
+    DriftCase(
+        "sdpa_qk_layernorm",
+        _op_attention_training(lambda: FusedSelfAttention(qk_norm=True), 0.05, warmup=100),
+        False,
+    ),
     DriftCase("multihead_attention_lower_lr", _op_attention_training(TorchAttention, 0.01), False),
 )

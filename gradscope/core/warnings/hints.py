@@ -33,6 +33,12 @@ def hint_for(warning: EarlyWarning, module_type: str | None = None) -> str:
                 "scaler (torch.amp.GradScaler), bfloat16, or float32 master weights"
             )
         return "gradients near their dtype's overflow: use a loss scaler or clip them"
+    if warning.quantity == "exp input max":
+        return (
+            "an exp's input nears the point where exp overflows in its dtype: a softmax or "
+            "logsumexp written by hand should subtract the row maximum first (torch.softmax "
+            "and torch.logsumexp do), or run in float32"
+        )
     attention = any(word in name for word in ("attn", "attention", "score", "qk"))
     if warning.kind == "low headroom" and warning.limit is not None and warning.limit < 1:
         return (

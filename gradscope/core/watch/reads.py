@@ -254,6 +254,8 @@ def _fused_read(
         found = statistic.fused(grads, params, per_tensor=per_tensor, sizes=sizes)
         if len(found) != width:
             raise StatisticError("did not give one value per parameter")
+        if statistic.name not in statistics.may_not_apply:
+            return found
         found, absent = with_placeholders(found, grads[0])
         if absent:
             if width != len(grads):
@@ -430,7 +432,7 @@ def _launch(
         count = update.send(shared, shared_kinds)
         shared_layout.append(Entry("update", count=count))
     statistics = setup.statistics
-    if facts:  # a new step: what its reads find not applicable starts afresh
+    if facts and statistics.absent:  # a new step: what its reads find not applicable
         statistics.absent.clear()
     # The update ratio is measured against the weight norms of its step.
     copy_weights = update_ratio and any(s.name == "weight_norm" for s in reads)

@@ -84,6 +84,9 @@ class StatisticSet:
             taken.add(statistic.name)
         self.all: list[Statistic] = chosen
         self.user: list[Statistic] = chosen[len(chosen) - len(extra) :]
+        # The statistics whose batched reads may give None (not applicable): the user's;
+        # a built-in never does, so its reads skip the look for one.
+        self.may_not_apply = frozenset(s.name for s in self.user)
         self.off: set[str] = set()
         # A step's failures, by statistic: settled (warned, turned off) after the step.
         self.failures: dict[Statistic, str] = {}

@@ -7,6 +7,14 @@ log-partition is absent at every layer but the head once the head is known.
 ``tests/data/absent_figures.gsrec`` was written by this GradScope with
 ``models.absent_statistics.train(path)`` (4 steps), and its ``report --json`` beside it
 (``absent_figures.report.json``); the reader must keep opening it with the same absent cells.
+
+``tests/data/v3_recording.gsrec`` (with its ``report --json`` and ``--csv`` beside it) was
+written and reported by GradScope at c1775fa, before absent figures (format 3 without the
+``absent_figures`` table): a Linear(4,6)-Tanh-Linear(6,3)-Tanh-Linear(3,5) classifier (seed
+0), SGD lr 0.1, ``gradscope.watch(model, statistics=[GradRMS(), OutRMS()], record=...,
+detail_every=2, early_warnings=True)``, 6 steps of cross-entropy on ``torch.randn(8, 4)``
+against ``torch.randint(0, 5, (8,))``. Its head log-partition holds the 0 that GradScope
+then wrote for the non-head layers: an older recording reports exactly as it did.
 """
 
 from __future__ import annotations
@@ -248,3 +256,19 @@ def test_the_log_partition_is_absent_but_at_the_head():
     # No optimizer step: the weights are those of every step.
     assert found[-1].figures["out_log_partition"][2] == pytest.approx(head, rel=1e-5)
     assert first.figures["out_log_partition"][1] == pytest.approx(inner, rel=1e-5)
+
+
+def test_a_format_3_recording_from_before_absent_figures_reports_as_it_did(tmp_path):
+    copy = tmp_path / "v3_recording.gsrec"
+    shutil.copyfile(DATA / "v3_recording.gsrec", copy)
+    with RecordingReader(copy) as reader:
+        assert reader.format_version == 3
+        _, history = reader.load()
+    assert all(history.figure_absent(name) is None for name in history.figure_names)
+    report, table = tmp_path / "report.json", tmp_path / "steps.csv"
+    assert main(["report", str(copy), "--json", str(report), "--csv", str(table)]) == 0
+    expected = json.loads((DATA / "v3_recording.report.json").read_text(encoding="utf-8"))
+    assert json.loads(report.read_text(encoding="utf-8")) == expected
+    assert table.read_text(encoding="utf-8") == (DATA / "v3_recording.csv").read_text(
+        encoding="utf-8"
+    )

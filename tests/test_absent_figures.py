@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from models.absent_statistics import LAYERS, STEPS, LinearOut, make_model, train
+from models.absent_statistics import LAYERS, STEPS, LinearOut, WeightRMS, make_model, train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -272,3 +272,25 @@ def test_a_format_3_recording_from_before_absent_figures_reports_as_it_did(tmp_p
     assert table.read_text(encoding="utf-8") == (DATA / "v3_recording.csv").read_text(
         encoding="utf-8"
     )
+
+
+def test_none_in_a_stacked_group_of_small_tensors():
+    # 20 blocks: the 60 vectors of shape (4,) are read as one stacked batch, the 20
+    # matrices by the fused call; the statistic applies to the matrices only.
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(20):
+        blocks += [nn.Linear(4, 4), nn.LayerNorm(4)]
+    model = nn.Sequential(*blocks)
+    with gradscope.watch(model, statistics=[WeightRMS()]) as watch:
+        assert any(g.stacked for g in watch.binding.groups)
+        model(torch.randn(3, 4)).pow(2).sum().backward()
+        stats = watch.collect()
+        names = [layer.name for layer in watch.layers]
+    modules = dict(model.named_modules())
+    norms = np.array([isinstance(modules[n], nn.LayerNorm) for n in names])
+    assert stats.absent["weight_grad_rms"].tolist() == norms.tolist()
+    values = stats.figures["weight_grad_rms"]
+    assert np.isnan(values[norms]).all()
+    expected = [float(modules[n].weight.grad.pow(2).mean().sqrt()) for n in np.array(names)[~norms]]
+    np.testing.assert_allclose(values[~norms], expected, rtol=1e-5)

@@ -198,9 +198,12 @@ def test_the_warnings_reach_stats_and_the_statistics_are_hooked_only_when_asked(
         assert stats.figures["out_max_abs"][0] == pytest.approx(
             model[0](x).abs().max().item(), rel=1e-6
         )
-        # the head is the Linear called last: its log-partition, the others' 0
+        # the head is the Linear called last: its log-partition; the others are absent
+        # (not applicable: NaN and marked, never a made-up 0)
         head = torch.logsumexp(model(x), -1).max().item()
-        assert stats.figures["out_log_partition"].tolist() == pytest.approx([0.0, head])
+        partitions = stats.figures["out_log_partition"]
+        assert math.isnan(partitions[0]) and partitions[1] == pytest.approx(head)
+        assert stats.absent["out_log_partition"].tolist() == [True, False]
     # A float16 output close to its overflow warns at the step it is seen.
     half = nn.Linear(4, 4).half()
     with torch.no_grad():

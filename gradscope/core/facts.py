@@ -90,6 +90,13 @@ class StepStats:
     optimizer step it measures has run (and stays None when the option is off).
     ``origin``: where this step's NaN/Inf came from, on the first step of each NaN/Inf
     episode (None on every other step).
+
+    ``figures[name]``: a named statistic's (``gradscope.Statistic``) value per layer, on
+    the steps it is due. Where it does not apply to a layer (it returned None for every
+    parameter or forward call of the layer, or the module did not run), the value is NaN
+    and ``absent[name]`` (a bool mask per layer, present only when some layer is absent at
+    this step) is True: not a measurement, so the history, the recording, ``report
+    --json`` (null), CSV (an empty cell) and TensorBoard/W&B (no point) show it as missing.
     """
 
     step: int
@@ -128,6 +135,11 @@ class StepStats:
     # Per-layer figures of the named statistics beyond the built-in fields (a user's
     # gradscope.Statistic), by name: one per watched layer, on the steps each is due only.
     figures: dict[str, np.ndarray] = field(default_factory=dict)
+    # Where a named statistic does not apply (it gave None for every contribution of a
+    # layer at this step): a bool mask per layer, by name, only for statistics with such a
+    # layer at this step; ``figures[name]`` holds NaN there, and every sink shows it as
+    # missing (never as a value). A real NaN (a NaN gradient's figure) is not in the mask.
+    absent: dict[str, np.ndarray] = field(default_factory=dict)
     # The early warnings new at this step (``GradientWatch(early_warnings=True)``).
     warnings: list[EarlyWarning] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

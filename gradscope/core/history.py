@@ -9,7 +9,9 @@ float32's range saturate at its maximum rather than turning into a false Inf.
 Statistics beyond the built-in ones (``StepStats.figures``, a user's ``gradscope.Statistic``)
 are kept by name beside them, with the steps each was due at (``figure_due``): such a
 statistic may be negative, so its MISSING cells are only what the plots skip, and the exact
-sinks (report, CSV, TensorBoard) ask ``figure_measured`` instead.
+sinks (report, CSV, TensorBoard) ask ``figure_measured`` instead. Where such a statistic
+did not apply to a layer (``StepStats.absent``) its cell is MISSING too, never the NaN the
+step carries there (NaN is a real value), and ``figure_absent`` marks it: not measured.
 """
 
 from __future__ import annotations
@@ -414,6 +416,9 @@ class RunHistory:
         # their values in ``_stats`` and the rows each was due at; what a sink knows of them.
         self.figure_names: list[str] = []
         self._due: dict[str, np.ndarray] = {}
+        # Where a named statistic did not apply (StepStats.absent): its cells hold MISSING
+        # and are not measured; kept only for statistics that ever were absent.
+        self._absent: dict[str, np.ndarray] = {}
         self.statistic_infos: dict[str, StatisticInfo] = {}
         self._status = np.zeros((self._capacity, 0), dtype=np.uint8)
         self.worst_status = np.zeros(0, dtype=np.uint8)
@@ -467,6 +472,8 @@ class RunHistory:
             self._stats[name] = regrow(self._stats[name], MISSING)
         for name in self._due:
             self._due[name] = regrow(self._due[name], False)
+        for name in self._absent:
+            self._absent[name] = regrow(self._absent[name], False)
         self._status = regrow(self._status, STATUS_MISSING)
         self.step_numbers = regrow(self.step_numbers, 0)
         self.loss = regrow(self.loss, 0.0)
@@ -512,7 +519,7 @@ class RunHistory:
             self._stats["weight_norm"][row, columns] = packed[2]
             if stats.update_ratio is not None:
                 self._stats["update_ratio"][row, columns] = _to_float32(stats.update_ratio)
-            self._add_figures(row, named_figures(stats), columns)
+            self._add_figures(row, named_figures(stats), columns, stats.absent)
             self._status[row, columns] = stats.status
             self.worst_status[columns] = np.maximum(self.worst_status[columns], stats.status)
             self._note_onsets(step, layer_names, stats)
@@ -587,7 +594,7 @@ class RunHistory:
                 if ratio is not None:
                     self._stats["update_ratio"][row, columns] = _to_float32(ratio)
         for row, stats in enumerate(all_stats, start=self.count):
-            self._add_figures(row, named_figures(stats), columns)
+            self._add_figures(row, named_figures(stats), columns, stats.absent)
         status = np.stack([stats.status for stats in all_stats])
         self._status[rows, columns] = status
         self.worst_status[columns] = np.maximum(self.worst_status[columns], status.max(axis=0))
@@ -602,13 +609,34 @@ class RunHistory:
             self._add_parameter_norms(self.count, all_stats, param_names, param_layers)
         self.count += count
 
-    def _add_figures(self, row: int, figures: dict[str, np.ndarray], columns: np.ndarray) -> None:
+    def _add_figures(
+        self,
+        row: int,
+        figures: dict[str, np.ndarray],
+        columns: np.ndarray,
+        absent: dict[str, np.ndarray] | None = None,
+    ) -> None:
         for name, values in figures.items():
             if np.shape(values) != columns.shape:  # not one figure per layer: not this step's
                 continue
             self.ensure_statistic(name)
-            self._stats[name][row, columns] = _to_float32(values)
+            packed = _to_float32(values)
+            mask = absent.get(name) if absent else None
+            if mask is not None and np.shape(mask) == columns.shape and mask.any():
+                packed[mask] = MISSING  # not applicable: a gap, as an unwatched cell
+                self.absent_matrix(name, create=True)[row, columns[mask]] = True
+            self._stats[name][row, columns] = packed
             self._due[name][row] = True
+
+    def absent_matrix(self, name: str, *, create: bool = False) -> np.ndarray | None:
+        """Where named statistic ``name`` was due but did not apply (the full buffer,
+        rows x layer capacity); None when it never was absent (nothing is kept for it)."""
+        found = self._absent.get(name)
+        if found is None and create:
+            found = self._absent[name] = np.zeros(
+                (self._capacity, self._layer_capacity), dtype=bool
+            )
+        return found
 
     def ensure_statistic(self, name: str) -> None:
         """Room for a named statistic (MISSING, and not due, at every step so far)."""
@@ -680,9 +708,20 @@ class RunHistory:
 
     def figure_measured(self, name: str) -> np.ndarray:
         """Steps x layers: where named statistic ``name`` holds a value (due at the step,
-        and the layer watched at it), whatever the value (a negative one too)."""
+        the layer watched at it, and the statistic applicable to it), whatever the value (a
+        negative one too)."""
         watched = self.status_matrix() != STATUS_MISSING
-        return watched & self.figure_due(name)[:, None]
+        measured = watched & self.figure_due(name)[:, None]
+        absent = self.figure_absent(name)
+        if absent is not None:
+            measured &= ~absent
+        return measured
+
+    def figure_absent(self, name: str) -> np.ndarray | None:
+        """Steps x layers: where named statistic ``name`` was due but did not apply to the
+        layer (``StepStats.absent``); None when it never was absent."""
+        found = self._absent.get(name)
+        return None if found is None else found[: self.count, : len(self.layer_names)]
 
     def row_of_step(self, step: int) -> int | None:
         rows = np.flatnonzero(self.step_numbers[: self.count] == step)
@@ -745,6 +784,8 @@ class RunHistory:
             self._stats[name][keep : self.count] = MISSING
         for name in self._due:
             self._due[name][keep : self.count] = False
+        for name in self._absent:
+            self._absent[name][keep : self.count] = False
         self._status[keep : self.count] = STATUS_MISSING
         self.total_grad_norm[keep : self.count] = 0.0
         self.loss_scale[keep : self.count] = 0.0
@@ -781,6 +822,7 @@ class RunHistory:
         return (
             sum(a.nbytes for a in self._stats.values())
             + sum(a.nbytes for a in self._due.values())
+            + sum(a.nbytes for a in self._absent.values())
             + self._status.nbytes
             + self.parameter_norms.nbytes()
         )

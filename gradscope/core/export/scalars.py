@@ -4,7 +4,8 @@
 layer is watched; ``gradscope/max_abs/<layer>``, ``gradscope/weight_norm/<layer>`` and
 ``gradscope/update_ratio/<layer>`` only where the watch measured them (detail steps);
 ``gradscope/total_grad_norm`` at every step; ``gradscope/<name>/<layer>`` for each named
-statistic (``gradscope.Statistic``) at the steps it was due. NaN and Inf are kept as they
+statistic (``gradscope.Statistic``) at the steps it was due, except at layers it did not apply
+to (no point there, never a made-up value). NaN and Inf are kept as they
 are: a dashboard that drops them from its plot still has the ``nonfinite`` tag. The model's
 root (a layer named "") is ``(model)``. Text beside them: ``gradscope/first_nonfinite`` (the
 first NaN/Inf origin) and ``gradscope/warnings/<layer>/<kind>`` (an early warning, at its
@@ -69,8 +70,9 @@ def step_scalars(
 
 def stats_scalars(stats: StepStats, layers: list[LayerInfo]) -> dict[str, float]:
     """A watch's step as scalars (the statistics the step did not measure are left out; a
-    named statistic is in ``stats.figures`` on the steps it was due)."""
-    return step_scalars(
+    named statistic is in ``stats.figures`` on the steps it was due, and a layer it did not
+    apply to, ``stats.absent``, has no point)."""
+    scalars = step_scalars(
         [layer.name for layer in layers],
         stats.total_grad_norm,
         {
@@ -82,6 +84,10 @@ def stats_scalars(stats: StepStats, layers: list[LayerInfo]) -> dict[str, float]
         },
         stats.status == STATUS_NONFINITE,
     )
+    for name, absent in stats.absent.items():
+        for index in np.flatnonzero(absent).tolist():
+            scalars.pop(layer_tag(name, layers[index].name), None)
+    return scalars
 
 
 def origin_summary(origin: Origin) -> str:

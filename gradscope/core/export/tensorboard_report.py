@@ -32,7 +32,8 @@ def write_tensorboard(history: RunHistory, logdir: str | os.PathLike[str]) -> in
         # Named statistics: by the steps they were due at (their values may be negative), a
         # value for every layer watched at such a step.
         named = {
-            name: (history.matrix(name), history.figure_due(name)) for name in history.figure_names
+            name: (history.matrix(name), history.figure_due(name), history.figure_absent(name))
+            for name in history.figure_names
         }
         steps = history.steps.tolist()
         totals = history.total_grad_norm[: history.count].tolist()
@@ -45,11 +46,15 @@ def write_tensorboard(history: RunHistory, logdir: str | os.PathLike[str]) -> in
                 # A step either measured a statistic for all its watched layers or none.
                 statistics[statistic] = values if measured.any() else None
             built_in = dict(statistics)
-            for statistic, (matrix, due) in named.items():
+            for statistic, (matrix, due, _) in named.items():
                 statistics[statistic] = matrix[row] if due[row] else None
             scalars = step_scalars(
                 names, totals[row], statistics, status[row] == STATUS_NONFINITE, watched
             )
+            for statistic, (_, due, absent) in named.items():
+                if absent is not None and due[row]:  # not applicable there: no point
+                    for column in np.flatnonzero(absent[row]).tolist():
+                        scalars.pop(layer_tag(statistic, names[column]), None)
             for statistic, values in built_in.items():
                 if values is not None:
                     for column in np.flatnonzero(watched & (values == MISSING)).tolist():

@@ -26,7 +26,12 @@ Format (``FORMAT_VERSION`` in the ``meta`` table; a reader refuses newer version
   said of it, ``StatisticInfo``: label, combine, every, source; NULL where it said nothing)
   and ``figures`` (one BLOB per step and statistic, on the steps it was due only: its
   values for the step's layer set as float32, like the tables above). A new statistic is
-  a row of ``statistics``, never a schema change (version 3);
+  a row of ``statistics``, never a schema change (version 3); ``absent_figures`` (added
+  within version 3): where a statistic was due but did not apply to a layer
+  (``StepStats.absent``), one BLOB per such step and statistic, laid out as its
+  ``figures`` BLOB, 1.0 at the absent layers and 0.0 elsewhere; the ``figures`` BLOB holds
+  -1 (the history's MISSING, what the plots skip) there, so a GradScope that predates the
+  table draws a gap there too, though its reports show -1;
 - ``warnings``: the early warnings (``StepStats.warnings``, ``facts.EarlyWarning`` as JSON),
   each also an ``events`` row of kind "warning" (its ``describe()``), as an origin is;
 - ``rewinds``: where the app rewound the run (``RecordingWriter.rewind_to``); the abandoned
@@ -35,7 +40,8 @@ Format (``FORMAT_VERSION`` in the ``meta`` table; a reader refuses newer version
 
 Added within version 2 (a reader checks for them, a file without them opens as before, and an
 older GradScope reads a file with them, ignoring them): ``steps.wall_time`` and the three
-parameter tables; within version 3, ``warnings`` (an older GradScope shows their events).
+parameter tables; within version 3, ``warnings`` (an older GradScope shows their events)
+and ``absent_figures``.
 Nothing in them changes what the older columns mean, so the version stays.
 
 Nothing is pickled: opening a recording runs no code. SQLite's WAL mode lets readers read
@@ -114,6 +120,9 @@ CREATE TABLE statistics(
 CREATE TABLE figures(
     row INTEGER NOT NULL, statistic INTEGER NOT NULL, data BLOB NOT NULL,
     PRIMARY KEY (row, statistic)) WITHOUT ROWID;
+CREATE TABLE absent_figures(
+    row INTEGER NOT NULL, statistic INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (row, statistic)) WITHOUT ROWID;
 """
 _TABLES = (
     "meta",
@@ -138,6 +147,9 @@ OPTIONAL_TABLES = ("params", "param_sets", "param_grad_norm")
 WARNING_TABLE = "warnings"
 # The named statistics' tables: in every file from version 3 on, in none before.
 FIGURE_TABLES = ("statistics", "figures")
+# Where a named statistic did not apply, added within version 3 (a file without it has no
+# absent values).
+ABSENT_TABLE = "absent_figures"
 FIGURES_SINCE_VERSION = 3
 _ROW_TABLES = (
     "steps",
@@ -152,6 +164,7 @@ _ROW_TABLES = (
     WARNING_TABLE,
     "param_grad_norm",
     "figures",
+    ABSENT_TABLE,
 )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from gradscope.core.facts import StatisticInfo, StepStats
 from gradscope.core.history import MISSING, RunHistory, _to_float32, named_figures
-from gradscope.core.recording.format import FIGURE_TABLES, FIGURES_SINCE_VERSION
+from gradscope.core.recording.format import ABSENT_TABLE, FIGURE_TABLES, FIGURES_SINCE_VERSION
 from gradscope.core.recording.stored_values import StoredValueError, blob, integer, text
 
 _INFO_COLUMNS = ("label", "combine", "every", "source")
@@ -51,7 +51,10 @@ class StatisticWriter:
         layer_count: int,
         described: list[tuple[Any, ...]],
         figures: list[tuple[int, int, bytes]],
+        absent: list[tuple[int, int, bytes]] | None = None,
     ) -> None:
+        """``absent``: rows of ``absent_figures`` for the layers a statistic did not apply
+        to (``stats.absent``); their cells in ``figures`` are MISSING (see format.py)."""
         for name, values in named_figures(stats).items():
             values = np.asarray(values)
             if values.shape != (layer_count,):  # not one figure per layer: not storable
@@ -60,13 +63,20 @@ class StatisticWriter:
             if position is None:
                 position = self._positions[name] = len(self._positions)
                 described.append(_info_row(position, self._infos.get(name), name))
-            figures.append((row, position, _to_float32(values).tobytes()))
+            packed = _to_float32(values)
+            mask = stats.absent.get(name)
+            if absent is not None and mask is not None and mask.shape == values.shape:
+                if mask.any():
+                    packed[mask] = MISSING
+                    absent.append((row, position, mask.astype(np.float32).tobytes()))
+            figures.append((row, position, packed.tobytes()))
 
 
 def write_rows(
     connection: sqlite3.Connection,
     described: list[tuple[Any, ...]],
     figures: list[tuple[int, int, bytes]],
+    absent: list[tuple[int, int, bytes]] | None = None,
 ) -> None:
     """Within the writer's commit transaction."""
     if described:
@@ -77,6 +87,10 @@ def write_rows(
         )
     if figures:
         connection.executemany("INSERT INTO figures(row, statistic, data) VALUES (?,?,?)", figures)
+    if absent:
+        connection.executemany(
+            f"INSERT INTO {ABSENT_TABLE}(row, statistic, data) VALUES (?,?,?)", absent
+        )
 
 
 class StatisticReader:
@@ -89,6 +103,8 @@ class StatisticReader:
             missing = [t for t in FIGURE_TABLES if t not in tables]
             if missing:
                 raise StoredValueError(f"it lacks the tables {', '.join(missing)}")
+        # Written before absent values were stored: none are (their cells read as stored).
+        self.has_absent = self.present and ABSENT_TABLE in tables
         self.names: list[str] = []
         self.infos: dict[str, StatisticInfo] = {}
 
@@ -154,3 +170,45 @@ class StatisticReader:
             flat = np.frombuffer(b"".join(blob(b, what) for _, b in entries), dtype=np.float32)
             scatter(target, flat, None if len(which) == len(rows) else which)
             history._due[name][start + which] = True
+        if self.has_absent:
+            self._read_absent(history, rows, start, where, parameters, scatter)
+
+    def _read_absent(
+        self,
+        history: RunHistory,
+        rows: np.ndarray,
+        start: int,
+        where: str,
+        parameters: Sequence[Any],
+        scatter: Callable[[np.ndarray, np.ndarray, np.ndarray | None], None],
+    ) -> None:
+        """The block's absent cells (``absent_figures``: 1.0 where absent, laid out as the
+        figures) into the history's absent masks; a statistic without any in the block has
+        its masks cleared there (a block read again after a rewind)."""
+        end = start + len(rows)
+        found = self._connection.execute(
+            f"SELECT row, statistic, data FROM {ABSENT_TABLE} WHERE {where} "
+            "ORDER BY statistic, row",
+            parameters,
+        ).fetchall()
+        by_statistic: dict[int, list[tuple[int, bytes]]] = {}
+        for row, position, data in found:
+            by_statistic.setdefault(integer(position, "an absent figure's statistic"), []).append(
+                (row, data)
+            )
+        for name in self.names:
+            mask = history.absent_matrix(name)
+            if mask is not None:
+                mask[start:end] = False
+        for position, entries in by_statistic.items():
+            if not 0 <= position < len(self.names):
+                raise StoredValueError("an absent figure names a statistic the file lacks")
+            name = self.names[position]
+            history.ensure_statistic(name)
+            held = history.absent_matrix(name, create=True)
+            marks = np.zeros((len(rows), held.shape[1]), dtype=np.float32)
+            which = np.searchsorted(rows, np.array([r for r, _ in entries], dtype=np.int64))
+            what = f"a step's absent {name} layers"
+            flat = np.frombuffer(b"".join(blob(b, what) for _, b in entries), dtype=np.float32)
+            scatter(marks, flat, None if len(which) == len(rows) else which)
+            held[start:end] |= marks == 1.0

@@ -61,6 +61,7 @@ from gradscope.core.recording.format import (
     _SCHEMA,
     _TABLES,
     _VALUE_TABLES,
+    ABSENT_TABLE,
     FIGURE_TABLES,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -123,6 +124,7 @@ class _Batch:
         # The named statistics (see named_statistics.py): described, and their figures.
         self.statistics: list[tuple[Any, ...]] = []
         self.figures: list[tuple[int, int, bytes]] = []
+        self.absent: list[tuple[int, int, bytes]] = []
 
     def __len__(self) -> int:
         return len(self.steps) + len(self.statistics)
@@ -226,7 +228,8 @@ class RecordingWriter:
                             f"{path} already exists; choose a new file name or pass "
                             "overwrite=True to replace it"
                         )
-                    for table in (*_TABLES, *OPTIONAL_TABLES, *FIGURE_TABLES, WARNING_TABLE):
+                    dropped = (*_TABLES, *OPTIONAL_TABLES, *FIGURE_TABLES, WARNING_TABLE)
+                    for table in (*dropped, ABSENT_TABLE):
                         connection.execute(f"DROP TABLE IF EXISTS {table}")
                 # (not executescript: it would commit the transaction first)
                 for statement in _SCHEMA.split(";"):
@@ -593,7 +596,9 @@ class RecordingWriter:
         param_set, param_count = self._param_set(batch, layers)
         if stats.param_grad_norm is not None and len(stats.param_grad_norm) == param_count:
             batch.param_norms.append((row, param_set, _to_float32(stats.param_grad_norm).tobytes()))
-        self._statistics.pack(stats, row, len(positions), batch.statistics, batch.figures)
+        self._statistics.pack(
+            stats, row, len(positions), batch.statistics, batch.figures, batch.absent
+        )
         values = batch.values
         packed = statistic_rows(stats)
         values["grad_norm"].append((row, packed[0].tobytes()))
@@ -733,7 +738,7 @@ class RecordingWriter:
                 connection.executemany(
                     "INSERT INTO param_sets(id, positions) VALUES (?,?)", batch.param_sets
                 )
-            write_rows(connection, batch.statistics, batch.figures)
+            write_rows(connection, batch.statistics, batch.figures, batch.absent)
             if batch.steps:
                 connection.executemany(
                     "INSERT INTO steps(row, step, layer_set, loss, total_grad_norm, flags, "

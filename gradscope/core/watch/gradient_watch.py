@@ -494,7 +494,7 @@ class GradientWatch:
             self._read_detail_again(figures, more)
             reads = reads + more
         self.statuses.keep(statuses)
-        per_layer = (
+        per_layer, absent = (
             per_layer_figures(
                 binding,
                 figures,
@@ -504,9 +504,10 @@ class GradientWatch:
                 kept=self.kept_figures,
                 failed=self.statistics.settle(),
                 layer_count=len(self.layers),
+                absent=self.statistics.take_absent(len(binding.params)),
             )
             if reads or self._output_reads or self.statistics.failures
-            else {}
+            else ({}, {})
         )
         stats = StepStats(
             step=self._step,
@@ -528,6 +529,7 @@ class GradientWatch:
             tiny_reasons=tiny_reasons,
             wall_time=time.time(),
             figures=per_layer,
+            absent=absent,
             known_nonfinite=(
                 verdict.nonfinite
                 or verdict.loss_nonfinite

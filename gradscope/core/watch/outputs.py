@@ -101,6 +101,8 @@ class OutputReads:
                     except Exception as error:  # turned off after the step
                         self.statistics.failed(statistic, error)
                         continue
+                    if value is None:  # not applicable to this module: no slot
+                        continue
                     key = (statistic, index)
                     running = self._running.get(key)
                     if running is None:

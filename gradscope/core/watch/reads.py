@@ -56,6 +56,7 @@ from gradscope.core.watch.host import HostCopy, start_host_copy
 from gradscope.core.watch.loss_scale import scale_tensor
 from gradscope.core.watch.statistic_set import StatisticSet
 from gradscope.core.watch.statistics import Statistic, StatisticError
+from gradscope.core.watch.statistics.base import with_placeholders
 from gradscope.core.watch.update_ratio import UpdateRatio
 
 
@@ -211,12 +212,21 @@ def _present(group: ParameterGroup) -> tuple[list[int] | None, list, list]:
 
 
 def _stacked_read(
-    statistic: Statistic, grads: list, params: list, statistics: StatisticSet
+    statistic: Statistic, grads: list, params: list, statistics: StatisticSet, where: Any
 ) -> torch.Tensor:
     """One value per parameter of a stacked group; zeros when the statistic fails (it is
-    told to ``statistics``, and turned off after the step)."""
+    told to ``statistics``, and turned off after the step). Parameters it does not apply
+    to (None) are told to ``statistics`` too, by ``where`` (the group and its present
+    positions)."""
     try:
         values = statistic.stacked(grads, params)
+        if isinstance(values, (list, tuple)):  # None where the statistic does not apply
+            if len(values) != len(grads):
+                raise StatisticError("did not give one value per parameter")
+            found, absent = with_placeholders(list(values), grads[0])
+            values = torch.stack(found)
+            if absent:
+                statistics.not_applicable(statistic, *where, absent)
         if not isinstance(values, torch.Tensor) or values.shape != (len(grads),):
             raise StatisticError("did not give one value per parameter")
         if values.device != grads[0].device or values.is_complex():
@@ -235,13 +245,22 @@ def _fused_read(
     *,
     per_tensor: bool,
     sizes: tuple[int, ...] | None,
+    where: Any = None,
 ) -> list[torch.Tensor]:
-    """A statistic's 0-d figures of a group of large tensors; zeros when it fails."""
+    """A statistic's 0-d figures of a group of large tensors; zeros when it fails. Those
+    it does not apply to (None) are told to ``statistics`` by ``where``."""
     width = statistic.width(per_tensor) * len(grads)
     try:
         found = statistic.fused(grads, params, per_tensor=per_tensor, sizes=sizes)
         if len(found) != width:
             raise StatisticError("did not give one value per parameter")
+        if statistic.name not in statistics.may_not_apply:
+            return found
+        found, absent = with_placeholders(found, grads[0])
+        if absent:
+            if width != len(grads):
+                raise StatisticError("gave None in a batched read of more than one slot")
+            statistics.not_applicable(statistic, *where, absent)
         return found
     except Exception as error:
         statistics.failed(statistic, error)
@@ -259,7 +278,7 @@ def _queue_stacked(
 ) -> None:
     device.vectors.append(stacked_squares(grads))
     for statistic in reads:
-        device.vectors.append(_stacked_read(statistic, grads, params, statistics))
+        device.vectors.append(_stacked_read(statistic, grads, params, statistics, (group, present)))
     key = ("stacked", reads, None if present is None else tuple(present))
     device.vector_entries.append(
         _entry(
@@ -303,7 +322,13 @@ def _queue_large(
             sizes = tuple(group.sizes[i] for i in present)
         for statistic in reads:
             device.scalars += _fused_read(
-                statistic, grads, params, statistics, per_tensor=per_tensor, sizes=sizes
+                statistic,
+                grads,
+                params,
+                statistics,
+                per_tensor=per_tensor,
+                sizes=sizes,
+                where=(group, present),
             )
     key = ("large", reads, None if present is None else tuple(present), per_tensor)
     device.scalar_entries.append(
@@ -407,6 +432,8 @@ def _launch(
         count = update.send(shared, shared_kinds)
         shared_layout.append(Entry("update", count=count))
     statistics = setup.statistics
+    if facts and statistics.absent:  # a new step: what its reads find not applicable
+        statistics.absent.clear()
     # The update ratio is measured against the weight norms of its step.
     copy_weights = update_ratio and any(s.name == "weight_norm" for s in reads)
     # Without a sharded second read (mixed sharding, or each rank's own unreduced gradients:

@@ -9,6 +9,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from gradscope.core.errors import GradScopeError
 from gradscope.core.facts import RESERVED_STATISTIC_NAMES, StatisticInfo
 from gradscope.core.user_warnings import warn_user
@@ -82,9 +84,15 @@ class StatisticSet:
             taken.add(statistic.name)
         self.all: list[Statistic] = chosen
         self.user: list[Statistic] = chosen[len(chosen) - len(extra) :]
+        # The statistics whose batched reads may give None (not applicable): the user's;
+        # a built-in never does, so its reads skip the look for one.
+        self.may_not_apply = frozenset(s.name for s in self.user)
         self.off: set[str] = set()
         # A step's failures, by statistic: settled (warned, turned off) after the step.
         self.failures: dict[Statistic, str] = {}
+        # A step's parameters a statistic does not apply to (it gave None), by name: their
+        # positions in the watch's parameters, found on the host as the reads are queued.
+        self.absent: dict[str, list[np.ndarray]] = {}
         self._refresh()
 
     def _refresh(self) -> None:
@@ -146,6 +154,32 @@ class StatisticSet:
             if not isinstance(error, StatisticError):
                 message = f"raised {type(error).__name__}: {message}"
             self.failures[statistic] = message
+
+    def not_applicable(
+        self,
+        statistic: Statistic,
+        group: Any,
+        present: list[int] | None,
+        positions: list[int],
+    ) -> None:
+        """Note that ``statistic`` gave None at this step for the parameters at
+        ``positions`` among ``group``'s present ones (``present``: None for all)."""
+        indices = group.index_array if present is None else group.index_array[present]
+        self.absent.setdefault(statistic.name, []).append(indices[positions])
+
+    def take_absent(self, n_params: int) -> dict[str, np.ndarray]:
+        """This step's not-applicable parameters as a bool mask per statistic name (only
+        those with some), and forget them."""
+        if not self.absent:
+            return {}
+        masks = {}
+        for name, found in self.absent.items():
+            mask = np.zeros(n_params, dtype=bool)
+            for indices in found:
+                mask[indices] = True
+            masks[name] = mask
+        self.absent.clear()
+        return masks
 
     def settle(self) -> set[str]:
         """Turn off the statistics that failed at this step, one warning each; their names."""

@@ -33,8 +33,15 @@ class Statistic:
     - ``output(self, module, output)``: one watched module's figure from its forward output
       (a detached tensor), hooked only on the steps it is due.
 
-    A statistic that raises or returns anything but one value is turned off, with one
-    warning naming it; training goes on.
+    Either may return None instead: the statistic does not apply to that parameter or
+    module (an attention-only figure on a feed-forward layer). A layer whose every
+    contribution is None at a step is absent at it: NaN in ``StepStats.figures[name]`` and
+    marked in ``StepStats.absent[name]``, shown as missing (never as a made-up 0) in the
+    history, the recording, the reports and the exports. A layer with some real
+    contributions gets its figure from those alone.
+
+    A statistic that raises or returns anything but one value (or None) is turned off,
+    with one warning naming it; training goes on.
 
     ``scale_power``: how a parameter statistic follows the gradients' scale under a loss
     scaler (1, the default, for a figure of the gradient such as a norm or an RMS; 0 for one
@@ -44,7 +51,9 @@ class Statistic:
     The batched form (:meth:`fused`, :meth:`stacked`) reads a whole group of parameters at
     once; by default it calls :meth:`parameter` for each. The built-in statistics override
     it with fused calls (the gradient norm is one ``torch._foreach_norm`` over every
-    gradient).
+    gradient). A batched form of width 1 may put None in place of a parameter's value
+    (``stacked`` then returns the list rather than one vector); sharded (FSDP) reads take
+    no None.
     """
 
     name: str = ""
@@ -64,12 +73,13 @@ class Statistic:
     # A watch option that must be on for it to be measured (say, "update_ratio_enabled").
     option: str | None = None
 
-    def parameter(self, grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """One parameter's figure, a 0-d tensor on its device."""
+    def parameter(self, grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        """One parameter's figure, a 0-d tensor on its device (None: not applicable)."""
         raise NotImplementedError
 
-    def output(self, module: torch.nn.Module, output: torch.Tensor) -> torch.Tensor:
-        """One watched module's figure from its forward output, a 0-d tensor."""
+    def output(self, module: torch.nn.Module, output: torch.Tensor) -> torch.Tensor | None:
+        """One watched module's figure from its forward output, a 0-d tensor (None: not
+        applicable to this module)."""
         raise NotImplementedError
 
     @property
@@ -100,22 +110,31 @@ class Statistic:
         *,
         per_tensor: bool,
         sizes: tuple[int, ...] | None,
-    ) -> list[torch.Tensor]:
-        """0-d tensors, :meth:`width` per parameter in order, for a group of large tensors.
-        ``sizes``: each gradient's number of elements (None: a sparse group's, to be read
-        from the gradients)."""
+    ) -> list[torch.Tensor | None]:
+        """0-d tensors, :meth:`width` per parameter in order, for a group of large tensors
+        (None where the statistic does not apply, with width 1). ``sizes``: each gradient's
+        number of elements (None: a sparse group's, to be read from the gradients)."""
         return [
             one_value(self, self.parameter(g, p), g) for g, p in zip(grads, params, strict=True)
         ]
 
-    def stacked(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor:
-        """One value per parameter for a group of small tensors of one shape, by one batch."""
-        return torch.stack(self.fused(grads, params, per_tensor=False, sizes=None))
+    def stacked(
+        self, grads: list[torch.Tensor], params: list[torch.Tensor]
+    ) -> torch.Tensor | list[torch.Tensor | None]:
+        """One value per parameter for a group of small tensors of one shape, by one batch
+        (or, where some do not apply, a list of 0-d tensors with None at those)."""
+        found = self.fused(grads, params, per_tensor=False, sizes=None)
+        if any(value is None for value in found):
+            return found
+        return torch.stack(found)
 
     def shard_values(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor:
         """One value per parameter of this rank's (non-empty) parts of sharded parameters
         (FSDP), as a vector; the ranks' values are then reduced as ``combine`` says."""
-        return torch.stack(self.fused(grads, params, per_tensor=False, sizes=None))
+        found = self.fused(grads, params, per_tensor=False, sizes=None)
+        if any(value is None for value in found):
+            raise StatisticError("returned None (not applicable) in a sharded read")
+        return torch.stack(found)
 
     def from_fused(self, values: np.ndarray, per_tensor: bool) -> np.ndarray:
         """Per-parameter figures from :meth:`fused`'s slots."""
@@ -129,9 +148,24 @@ class Statistic:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
-def one_value(statistic: Statistic, value: Any, like: torch.Tensor) -> torch.Tensor:
-    """``value`` as one real 0-d tensor on ``like``'s device, or StatisticError. Only the
-    tensor's metadata is looked at (no host synchronisation)."""
+def with_placeholders(
+    found: list[torch.Tensor | None], like: torch.Tensor
+) -> tuple[list[torch.Tensor], list[int]]:
+    """``found`` with a 0 in place of each None (so that the values stack and travel in the
+    step's one transfer as before), and the positions of those Nones."""
+    absent = [k for k, value in enumerate(found) if value is None]
+    if not absent:
+        return found, absent  # type: ignore[return-value]
+    zero = like.new_zeros((), dtype=torch.float32)
+    return [zero if value is None else value for value in found], absent
+
+
+def one_value(statistic: Statistic, value: Any, like: torch.Tensor) -> torch.Tensor | None:
+    """``value`` as one real 0-d tensor on ``like``'s device, None for None (not
+    applicable: a Python fact, known without asking the device), or StatisticError. Only
+    the tensor's metadata is looked at (no host synchronisation)."""
+    if value is None:
+        return None
     if not isinstance(value, torch.Tensor):
         raise StatisticError(f"returned {type(value).__name__}, not a tensor")
     if value.numel() != 1:

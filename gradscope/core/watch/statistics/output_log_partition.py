@@ -13,10 +13,12 @@ class OutputLogPartition(Statistic):
     """The output head's log-partition, max over its rows of ``logsumexp(logits, -1)``: what
     z-loss keeps near 0, and what an exp of the logits in their dtype overflows beyond
     (11.09 in float16). The head is the ``nn.Linear`` the forward calls last; on the first
-    due step every Linear is measured to find it, then the head alone (the others' figure
-    is 0). ``dtypes``: the dtype an exp of the head's logits runs in, by module: the logits'
-    own, but float32 under autocast, which runs softmax, log_softmax and cross-entropy in
-    float32 whatever the logits' dtype."""
+    due step every Linear is measured to find it (those figures are real: each Linear's own
+    output log-partition, kept as measured), then the head alone: every other layer is not
+    applicable (None: absent, never a made-up 0), as is every module that is not a Linear
+    with logits. ``dtypes``: the dtype an exp of the head's logits runs in, by module: the
+    logits' own, but float32 under autocast, which runs softmax, log_softmax and
+    cross-entropy in float32 whatever the logits' dtype."""
 
     name = "out_log_partition"
     label = "Output head log-partition"
@@ -27,16 +29,16 @@ class OutputLogPartition(Statistic):
         self.dtypes: dict[int, torch.dtype] = {}
         self._calls: dict[int, int] = {}
 
-    def output(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
+    def output(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor | None:
         if not isinstance(module, nn.Linear) or output.dim() == 0 or output.shape[-1] < 2:
-            return output.new_zeros((), dtype=torch.float32)
+            return None
         if output.numel() == 0:
-            return output.new_zeros((), dtype=torch.float32)
+            return None
         self._calls[id(module)] = len(self._calls)
         autocast = torch.is_autocast_enabled(output.device.type)
         self.dtypes[id(module)] = torch.float32 if autocast else output.dtype
         if self.head is not None and id(module) != self.head:
-            return output.new_zeros((), dtype=torch.float32)
+            return None
         return output.float().logsumexp(-1).amax()
 
     def settle(self) -> int | None:

@@ -21,23 +21,34 @@ class OutputLogPartition(Statistic):
     name = "out_log_partition"
     label = "Output head log-partition"
     combine = "max"
+    # Built in: one real value on the output's device by construction (see OutputMaxAbs).
+    checked_output = True
 
     def __init__(self) -> None:
         self.head: int | None = None
+        # The figure of a module that is not the head: one zero per device, made once (a
+        # new zero per module would be one more kernel launch each on a GPU).
+        self._zeros: dict[torch.device, torch.Tensor] = {}
         self.dtypes: dict[int, torch.dtype] = {}
         self._calls: dict[int, int] = {}
 
     def output(self, module: nn.Module, output: torch.Tensor) -> torch.Tensor:
         if not isinstance(module, nn.Linear) or output.dim() == 0 or output.shape[-1] < 2:
-            return output.new_zeros((), dtype=torch.float32)
+            return self._zero(output)
         if output.numel() == 0:
-            return output.new_zeros((), dtype=torch.float32)
+            return self._zero(output)
         self._calls[id(module)] = len(self._calls)
         autocast = torch.is_autocast_enabled(output.device.type)
         self.dtypes[id(module)] = torch.float32 if autocast else output.dtype
         if self.head is not None and id(module) != self.head:
-            return output.new_zeros((), dtype=torch.float32)
+            return self._zero(output)
         return output.float().logsumexp(-1).amax()
+
+    def _zero(self, output: torch.Tensor) -> torch.Tensor:
+        zero = self._zeros.get(output.device)
+        if zero is None:
+            zero = self._zeros[output.device] = output.new_zeros((), dtype=torch.float32)
+        return zero
 
     def settle(self) -> int | None:
         """After a due step: the head (``id`` of the Linear called last), or None."""

@@ -43,7 +43,11 @@ def _series(rng: np.random.Generator, steps: int, scale: str) -> np.ndarray:
     return values
 
 
-def _run(seed: int, scale: str, detectors: tuple[str, ...], steps: int = 160) -> None:
+def _run(
+    seed: int, scale: str, detectors: tuple[str, ...], steps: int = 160, every: int = 1
+) -> None:
+    """Both paths on the same series; from step 60 on, a sample every ``every`` steps (the
+    warnings' schedule after its dense start)."""
     rng = np.random.default_rng(seed)
     width = 12
     names = [f"layer{i}" for i in range(width)]
@@ -51,12 +55,13 @@ def _run(seed: int, scale: str, detectors: tuple[str, ...], steps: int = 160) ->
     dtypes = tuple(DTYPES[i] for i in rng.integers(0, len(DTYPES), size=width))
     kinds = tuple(rng.choice(["Linear", "Attention", "ReLU"]) for _ in range(width))
     scalar, vector = EarlyWarnings(), EarlyWarnings()
-    for step in range(steps):
+    for sample in range(steps):
+        step = sample if sample < 60 else 60 + (sample - 60) * every
         order = list(range(width))
-        if step >= steps // 2:  # the watched layers change: one gone, the order new
+        if sample >= steps // 2:  # the watched layers change: one gone, the order new
             order = order[1:][::-1]
         shown = tuple(names[i] for i in order)
-        values = table[step, order]
+        values = table[sample, order]
         kept = tuple(dtypes[i] for i in order)
         types = tuple(kinds[i] for i in order)
         loss = Observation(None, "loss", float(abs(values[0]) + 1.0), detectors=("spike",))
@@ -79,8 +84,9 @@ def _run(seed: int, scale: str, detectors: tuple[str, ...], steps: int = 160) ->
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("scale", [MAGNITUDE, EXPONENT])
-def test_layer_vectors_warn_as_scalar_observations_do(seed, scale):
-    _run(seed, scale, ("headroom", "spike", "drift"))
+@pytest.mark.parametrize("every", [1, 10])
+def test_layer_vectors_warn_as_scalar_observations_do(seed, scale, every):
+    _run(seed, scale, ("headroom", "spike", "drift"), every=every)
 
 
 @pytest.mark.parametrize("seed", range(4))

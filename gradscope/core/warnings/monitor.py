@@ -21,7 +21,8 @@ MAGNITUDE = "magnitude"
 EXPONENT = "exponent"
 
 DETECTORS = ("headroom", "spike", "drift")
-_KEPT = max(drift.WINDOW, 64)  # samples of history per quantity (the spike's median reads all)
+# Samples of history per quantity (the spike's median reads those of its last SPAN steps).
+_KEPT = max(drift.WINDOW, spike.SPAN)
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,8 @@ class _LayerSeries:
         return np.minimum(self.count, _KEPT)
 
     def latest(self, rows: int, columns: np.ndarray) -> np.ndarray:
-        """The last ``rows`` samples of ``columns`` (each has at least that many), oldest
-        first: shape (rows, len(columns))."""
+        """The last ``rows`` samples of ``columns``, oldest first: shape (rows,
+        len(columns)); NaN where a column has fewer."""
         back = np.arange(rows - 1, -1, -1)[:, None]
         where = (self.count[columns][None, :] - 1 - back) % _KEPT
         return self.values[where, columns[None, :]]
@@ -237,15 +238,19 @@ class EarlyWarnings:
                 lowest = np.fmin.reduce(series.values, axis=0)
                 maybe_spike = valid & (kept >= spike.MIN_HISTORY)
                 maybe_spike &= scaled >= lowest + spike.MIN_RISE
-            histories = {int(j): series.column(j)[1] for j in np.flatnonzero(maybe_spike)}
+            histories = {}
+            for j in np.flatnonzero(maybe_spike).tolist():
+                steps, history = series.column(j)
+                histories[j] = history[steps >= step - spike.SPAN]
             series.append(step, scaled, valid)
             maybe_drift = none
             if "drift" in wanted:
-                maybe_drift = valid & (series.kept() >= drift.WINDOW + drift.BASELINE)
+                maybe_drift = valid & (series.kept() > drift.MIN_WINDOW)
                 columns = np.flatnonzero(maybe_drift)
                 if len(columns):
+                    # The last WINDOW samples hold any window (unfilled rows are NaN).
                     window = series.latest(drift.WINDOW, columns)
-                    spread = window.max(axis=0) - window.min(axis=0)
+                    spread = np.fmax.reduce(window, axis=0) - np.fmin.reduce(window, axis=0)
                     maybe_drift[columns[spread < drift.MIN_SPREAD]] = False
         new: list[EarlyWarning] = []
         for index in np.flatnonzero(maybe_headroom | maybe_spike | maybe_drift).tolist():
@@ -283,7 +288,8 @@ class EarlyWarnings:
         history = None
         kept = len(series.values)
         if kept >= spike.MIN_HISTORY and scaled >= min(series.values) + spike.MIN_RISE:
-            history = np.fromiter(series.values, float, kept)
+            steps = np.fromiter(series.steps, float, kept)
+            history = np.fromiter(series.values, float, kept)[steps >= step - spike.SPAN]
         series.append(step, scaled)
         wanted = observation.detectors
         found = [
@@ -387,9 +393,9 @@ class EarlyWarnings:
         return self._warning(step, observation, "spiking", evidence)
 
     def _drift(self, step: int, observation: Observation, series: _Series) -> EarlyWarning | None:
-        if len(series.values) < drift.WINDOW + drift.BASELINE:
+        if len(series.values) <= drift.MIN_WINDOW:
             return None
-        window = list(series.values)[-drift.WINDOW :]
+        window = list(series.values)[-drift.WINDOW :]  # holds any window
         # A window that spans less than half the smallest rise cannot hold a drift.
         if max(window) - min(window) < drift.MIN_SPREAD:
             return None
@@ -412,8 +418,10 @@ class EarlyWarnings:
         if limit is not None:
             scaled_limit = math.log(limit) if observation.scale == MAGNITUDE else limit
         towards_limit = observation.scale == EXPONENT
-        found = drift.find_drift(steps, values, scaled_limit, towards_limit=towards_limit)
-        if found is None or found.current <= peak_before:
+        found = drift.find_drift(
+            steps, values, scaled_limit, towards_limit=towards_limit, peak_before=peak_before
+        )
+        if found is None:
             return None
         span = step - found.first_step
         if observation.scale == MAGNITUDE:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gradscope.core.warnings import schedule
 from gradscope.core.watch.statistics.base import Statistic
 
 
@@ -23,6 +24,10 @@ class OutputMaxAbs(Statistic):
     # Built in: what it returns is one real value on the output's device by construction,
     # so the watch skips the checks a user's statistic gets.
     checked_output = True
+
+    def due(self, step: int, detail_every: int) -> bool:
+        """The early warnings' schedule (gradscope.core.warnings.schedule), not ``every``."""
+        return schedule.due(step, detail_every)
 
     def __init__(self) -> None:
         self.dtypes: dict[int, torch.dtype] = {}

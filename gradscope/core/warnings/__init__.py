@@ -15,6 +15,14 @@ statistics like any other, in ``gradscope.core.watch.statistics``.
 """
 
 from gradscope.core.warnings import drift, headroom, limits, spike
-from gradscope.core.warnings.monitor import EarlyWarnings, Observation
+from gradscope.core.warnings.monitor import EarlyWarnings, LayerObservations, Observation
 
-__all__ = ["EarlyWarnings", "Observation", "drift", "headroom", "limits", "spike"]
+__all__ = [
+    "EarlyWarnings",
+    "LayerObservations",
+    "Observation",
+    "drift",
+    "headroom",
+    "limits",
+    "spike",
+]

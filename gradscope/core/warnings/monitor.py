@@ -21,7 +21,8 @@ MAGNITUDE = "magnitude"
 EXPONENT = "exponent"
 
 DETECTORS = ("headroom", "spike", "drift")
-_KEPT = max(drift.WINDOW, 64)  # samples of history per quantity (the spike's median reads all)
+# Samples of history per quantity (the spike's median reads those of its last SPAN steps).
+_KEPT = max(drift.WINDOW, spike.SPAN)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,35 @@ class Observation:
     # The detectors that read it: "headroom", "spike", "drift".
     detectors: tuple[str, ...] = DETECTORS
     module_type: str | None = None  # its class name, for the hint
+
+
+@dataclass(frozen=True)
+class LayerObservations:
+    """One quantity of every watched layer at a step, as one vector: ``values[i]`` is
+    ``modules[i]``'s (``named_modules()`` names), ``dtypes[i]`` its dtype. The detectors
+    read the whole vector at once and build a warning only for the layers that may warn;
+    what they find is what ``Observation``s of each layer would give, warning for warning."""
+
+    modules: tuple[str, ...]
+    quantity: str
+    values: np.ndarray
+    dtypes: tuple[torch.dtype | None, ...]
+    scale: str = MAGNITUDE
+    detectors: tuple[str, ...] = DETECTORS
+    module_types: tuple[str | None, ...] | None = None
+
+    def observation(self, index: int) -> Observation:
+        """Layer ``index``'s value as a scalar observation (for a warning's words)."""
+        kind = None if self.module_types is None else self.module_types[index]
+        return Observation(
+            self.modules[index],
+            self.quantity,
+            float(self.values[index]),
+            self.dtypes[index],
+            self.scale,
+            self.detectors,
+            kind,
+        )
 
 
 @dataclass
@@ -56,6 +86,64 @@ class _Series:
         self.values.append(value)
         if len(self.values) > drift.WINDOW:
             self.peak_before = max(self.peak_before, self.values[-drift.WINDOW - 1])
+
+
+class _LayerSeries:
+    """The last ``_KEPT`` samples of one quantity of many layers, a ring per column: column
+    ``j`` holds its ``count[j]`` samples so far (the latest ``_KEPT``), written at row
+    ``count[j] % _KEPT``; a layer whose value was not finite (or not positive, for a
+    magnitude) at a step has no sample there, as a scalar series skips it."""
+
+    def __init__(self, modules: tuple[str, ...]) -> None:
+        width = len(modules)
+        self.modules = modules
+        self.steps = np.zeros((_KEPT, width))
+        self.values = np.full((_KEPT, width), np.nan)
+        self.count = np.zeros(width, dtype=np.int64)
+        self.peak_before = np.full(width, -math.inf)
+
+    def reindexed(self, modules: tuple[str, ...]) -> "_LayerSeries":
+        """The same history for another set of layers (the watched layers changed): kept
+        for the layers in both, empty for new ones."""
+        fresh = _LayerSeries(modules)
+        where = {name: index for index, name in enumerate(self.modules)}
+        for index, name in enumerate(modules):
+            old = where.get(name)
+            if old is not None:
+                fresh.steps[:, index] = self.steps[:, old]
+                fresh.values[:, index] = self.values[:, old]
+                fresh.count[index] = self.count[old]
+                fresh.peak_before[index] = self.peak_before[old]
+        return fresh
+
+    def kept(self) -> np.ndarray:
+        return np.minimum(self.count, _KEPT)
+
+    def latest(self, rows: int, columns: np.ndarray) -> np.ndarray:
+        """The last ``rows`` samples of ``columns``, oldest first: shape (rows,
+        len(columns)); NaN where a column has fewer."""
+        back = np.arange(rows - 1, -1, -1)[:, None]
+        where = (self.count[columns][None, :] - 1 - back) % _KEPT
+        return self.values[where, columns[None, :]]
+
+    def column(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Column ``index``'s kept steps and values, oldest first."""
+        count = int(self.count[index])
+        kept = min(count, _KEPT)
+        rows = np.arange(count - kept, count) % _KEPT
+        return self.steps[rows, index], self.values[rows, index]
+
+    def append(self, step: int, scaled: np.ndarray, valid: np.ndarray) -> None:
+        columns = np.flatnonzero(valid)
+        rows = self.count[columns] % _KEPT
+        self.values[rows, columns] = scaled[columns]
+        self.steps[rows, columns] = step
+        self.count[columns] += 1
+        # As _Series.append: past the window, the sample that left it counts towards the peak.
+        past = columns[self.count[columns] > drift.WINDOW]
+        if len(past):
+            left = (self.count[past] - drift.WINDOW - 1) % _KEPT
+            self.peak_before[past] = np.maximum(self.peak_before[past], self.values[left, past])
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -80,13 +168,107 @@ class EarlyWarnings:
     def __init__(self) -> None:
         self.warnings: list[EarlyWarning] = []
         self._series: dict[tuple[str | None, str], _Series] = {}
+        self._layer_series: dict[str, _LayerSeries] = {}
+        # The limits of each column, by the dtypes of a quantity's layers (they rarely change).
+        self._bounds: dict[tuple[tuple[torch.dtype | None, ...], str], np.ndarray] = {}
         self._raised: set[tuple[str | None, str]] = set()
 
-    def observe(self, step: int, observations: Iterable[Observation]) -> list[EarlyWarning]:
+    def observe(
+        self, step: int, observations: Iterable[Observation | LayerObservations]
+    ) -> list[EarlyWarning]:
         new: list[EarlyWarning] = []
         for observation in observations:
-            new.extend(self._observe_one(step, observation))
+            if isinstance(observation, LayerObservations):
+                new.extend(self._observe_layers(step, observation))
+            else:
+                new.extend(self._observe_one(step, observation))
         self.warnings.extend(new)
+        return new
+
+    def _bounds_of(self, layers: LayerObservations) -> np.ndarray:
+        """Per column, on the comparison scale: the overflow (row 0) and the smallest
+        normal (row 1, magnitudes only); NaN where no limit is known."""
+        key = (layers.dtypes, layers.scale)
+        found = self._bounds.get(key)
+        if found is None:
+            found = np.full((2, len(layers.dtypes)), np.nan)
+            for index, dtype in enumerate(layers.dtypes):
+                if dtype is None or not dtype.is_floating_point:
+                    continue
+                if layers.scale == MAGNITUDE:
+                    found[0, index] = math.log(limits.overflow(dtype))
+                    found[1, index] = math.log(limits.smallest_normal(dtype))
+                else:
+                    found[0, index] = limits.exp_overflow(dtype)
+            self._bounds[key] = found
+        return found
+
+    def _observe_layers(self, step: int, layers: LayerObservations) -> list[EarlyWarning]:
+        """``_observe_one`` of each layer, the checks on the whole vector: a layer is looked
+        at one by one only when some detector may warn on it."""
+        values = np.asarray(layers.values, dtype=float)
+        width = len(values)
+        series = self._layer_series.get(layers.quantity)
+        if series is None:
+            series = self._layer_series[layers.quantity] = _LayerSeries(layers.modules)
+        elif series.modules != layers.modules:
+            series = self._layer_series[layers.quantity] = series.reindexed(layers.modules)
+        with np.errstate(invalid="ignore"):
+            valid = np.isfinite(values)
+            if layers.scale == MAGNITUDE:
+                valid &= values > 0
+                # math.log, not np.log: the same bits as a scalar observation's
+                scaled = np.fromiter(
+                    map(math.log, np.where(valid, values, 1.0).tolist()), float, width
+                )
+            else:
+                scaled = values
+            wanted = layers.detectors
+            none = np.zeros(width, dtype=bool)
+            maybe_headroom = none
+            if "headroom" in wanted:
+                bounds = self._bounds_of(layers)
+                maybe_headroom = (bounds[0] - scaled < headroom.LOW) | (
+                    scaled - bounds[1] < headroom.LOW
+                )
+                maybe_headroom &= valid
+            maybe_spike = none
+            if "spike" in wanted:
+                kept = series.kept()
+                lowest = np.fmin.reduce(series.values, axis=0)
+                maybe_spike = valid & (kept >= spike.MIN_HISTORY)
+                maybe_spike &= scaled >= lowest + spike.MIN_RISE
+            histories = {}
+            for j in np.flatnonzero(maybe_spike).tolist():
+                steps, history = series.column(j)
+                histories[j] = history[steps >= step - spike.SPAN]
+            series.append(step, scaled, valid)
+            maybe_drift = none
+            if "drift" in wanted:
+                maybe_drift = valid & (series.kept() > drift.MIN_WINDOW)
+                columns = np.flatnonzero(maybe_drift)
+                if len(columns):
+                    # The last WINDOW samples hold any window (unfilled rows are NaN).
+                    window = series.latest(drift.WINDOW, columns)
+                    spread = np.fmax.reduce(window, axis=0) - np.fmin.reduce(window, axis=0)
+                    maybe_drift[columns[spread < drift.MIN_SPREAD]] = False
+        new: list[EarlyWarning] = []
+        for index in np.flatnonzero(maybe_headroom | maybe_spike | maybe_drift).tolist():
+            observation = layers.observation(index)
+            found = [
+                self._headroom(step, observation) if maybe_headroom[index] else None,
+                self._spike(step, observation, histories[index], float(scaled[index]))
+                if maybe_spike[index]
+                else None,
+                self._drift_of(step, observation, *series.column(index), series.peak_before[index])
+                if maybe_drift[index]
+                else None,
+            ]
+            for warning in found:
+                if warning is None or (observation.module, warning.kind) in self._raised:
+                    continue
+                self._raised.add((observation.module, warning.kind))
+                new.append(warning)
         return new
 
     def _observe_one(self, step: int, observation: Observation) -> list[EarlyWarning]:
@@ -106,7 +288,8 @@ class EarlyWarnings:
         history = None
         kept = len(series.values)
         if kept >= spike.MIN_HISTORY and scaled >= min(series.values) + spike.MIN_RISE:
-            history = np.fromiter(series.values, float, kept)
+            steps = np.fromiter(series.steps, float, kept)
+            history = np.fromiter(series.values, float, kept)[steps >= step - spike.SPAN]
         series.append(step, scaled)
         wanted = observation.detectors
         found = [
@@ -210,21 +393,35 @@ class EarlyWarnings:
         return self._warning(step, observation, "spiking", evidence)
 
     def _drift(self, step: int, observation: Observation, series: _Series) -> EarlyWarning | None:
-        limit = self._limit(observation)
-        scaled_limit = None
-        if limit is not None:
-            scaled_limit = math.log(limit) if observation.scale == MAGNITUDE else limit
-        if len(series.values) < drift.WINDOW + drift.BASELINE:
+        if len(series.values) <= drift.MIN_WINDOW:
             return None
-        window = list(series.values)[-drift.WINDOW :]
+        window = list(series.values)[-drift.WINDOW :]  # holds any window
         # A window that spans less than half the smallest rise cannot hold a drift.
         if max(window) - min(window) < drift.MIN_SPREAD:
             return None
         steps = np.fromiter(series.steps, float, len(series.steps))
         values = np.fromiter(series.values, float, len(series.values))
+        return self._drift_of(step, observation, steps, values, series.peak_before)
+
+    def _drift_of(
+        self,
+        step: int,
+        observation: Observation,
+        steps: np.ndarray,
+        values: np.ndarray,
+        peak_before: float,
+    ) -> EarlyWarning | None:
+        """The drift warning of a series (``steps``, ``values`` oldest first, on the
+        comparison scale), or None."""
+        limit = self._limit(observation)
+        scaled_limit = None
+        if limit is not None:
+            scaled_limit = math.log(limit) if observation.scale == MAGNITUDE else limit
         towards_limit = observation.scale == EXPONENT
-        found = drift.find_drift(steps, values, scaled_limit, towards_limit=towards_limit)
-        if found is None or found.current <= series.peak_before:
+        found = drift.find_drift(
+            steps, values, scaled_limit, towards_limit=towards_limit, peak_before=peak_before
+        )
+        if found is None:
             return None
         span = step - found.first_step
         if observation.scale == MAGNITUDE:

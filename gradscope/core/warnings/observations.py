@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from gradscope.core.facts import LayerInfo, StepStats
-from gradscope.core.warnings.monitor import EXPONENT, Observation
+from gradscope.core.warnings.monitor import EXPONENT, LayerObservations, Observation
 
 
 class OutputFigures(Protocol):
@@ -39,8 +39,10 @@ def step_observations(
     modules: Mapping[str, nn.Module],
     outputs: OutputFigures,
     log_partition: HeadFigures,
-) -> list[Observation]:
-    found: list[Observation] = []
+) -> list[Observation | LayerObservations]:
+    """The step's observations: the whole-model ones and the head's log-partition one by
+    one, each per-layer quantity as one ``LayerObservations`` vector."""
+    found: list[Observation | LayerObservations] = []
     whole = ("spike", "drift")
     # A log-partition moves by nats as the model grows confident: only its approach to
     # exp's overflow is a warning, not a jump.
@@ -51,31 +53,40 @@ def step_observations(
         norm = float(stats.total_grad_norm)
         found.append(Observation(None, "gradient norm", norm, detectors=whole))
     out_max = stats.figures.get(outputs.name)
+    names = tuple(layer.name for layer in layers)
+    kinds = tuple(layer.type_name for layer in layers)
+    watched = [modules.get(name) for name in names]
     if out_max is not None:
-        for layer, value in zip(layers, out_max.tolist(), strict=False):
-            module = modules.get(layer.name)
-            dtype = None if module is None else outputs.dtypes.get(id(module))
-            kind = layer.type_name
-            found.append(Observation(layer.name, "output max |x|", value, dtype, module_type=kind))
+        width = min(len(names), len(out_max))
+        dtypes = tuple(
+            None if module is None else outputs.dtypes.get(id(module)) for module in watched[:width]
+        )
+        found.append(
+            LayerObservations(
+                names[:width], "output max |x|", out_max[:width], dtypes, module_types=kinds
+            )
+        )
     partitions = stats.figures.get(log_partition.name)
     if partitions is not None:
         head = log_partition.settle()
-        for layer, value in zip(layers, partitions.tolist(), strict=False):
-            module = modules.get(layer.name)
+        for layer, module, value in zip(layers, watched, partitions.tolist(), strict=False):
             if module is not None and id(module) == head:
                 dtype = log_partition.dtypes.get(head)
                 found.append(
                     Observation(layer.name, "log-partition", value, dtype, EXPONENT, towards)
                 )
     if stats.max_abs is not None and stats.loss_scale is None:
-        for layer, value in zip(layers, stats.max_abs.tolist(), strict=False):
-            dtype = _parameter_dtype(modules, layer)
-            found.append(Observation(layer.name, "max |g|", value, dtype, detectors=("headroom",)))
+        width = min(len(names), len(stats.max_abs))
+        dtypes = tuple(_parameter_dtype(module) for module in watched[:width])
+        found.append(
+            LayerObservations(
+                names[:width], "max |g|", stats.max_abs[:width], dtypes, detectors=("headroom",)
+            )
+        )
     return found
 
 
-def _parameter_dtype(modules: Mapping[str, nn.Module], layer: LayerInfo) -> torch.dtype | None:
-    module = modules.get(layer.name)
+def _parameter_dtype(module: nn.Module | None) -> torch.dtype | None:
     if module is None:
         return None
     for parameter in module.parameters(recurse=False):

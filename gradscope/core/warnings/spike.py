@@ -1,6 +1,9 @@
 """A spike: a value far above the running median of its own history, in robust units (the
 median absolute deviation), and at least twice that median. The history is the quantity's
-recent values on a scale where growth is additive (the log of a magnitude)."""
+values of the last ``SPAN`` steps, on a scale where growth is additive (the log of a
+magnitude): a quantity seen every step has 64 of them; one seen every 10th step too few
+(``MIN_HISTORY``) to judge a spike by, since over hundreds of steps a healthy layer's outputs
+grow smoothly, which a median and a small spread of old samples would take for a spike."""
 
 import math
 from dataclasses import dataclass
@@ -9,6 +12,7 @@ import numpy as np
 
 # Enough history that a median means something; few false alarms over hundreds of layers.
 MIN_HISTORY = 20
+SPAN = 64  # steps
 THRESHOLD = 10.0
 MIN_RISE = math.log(2.0)
 # The MAD of normal data is 0.6745 of its standard deviation: z-scores comparable to usual ones.

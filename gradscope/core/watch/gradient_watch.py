@@ -123,7 +123,8 @@ class GradientWatch:
 
     ``early_warnings=True``: warn before a NaN/Inf (``stats.warnings``, the warnings new at
     the step; all of them in ``watch.early_warnings.warnings``): a layer's output max |x|
-    (measured on its statistic schedule) or max |g| that spikes above its own history, drifts
+    (measured at every step of the first 100, then every ``detail_every``: see
+    ``gradscope.core.warnings.schedule``) or max |g| that spikes above its own history, drifts
     upwards (with the steps left to its dtype's overflow at that rate), or sits close to its
     dtype's overflow or smallest normal; a loss that spikes.
 

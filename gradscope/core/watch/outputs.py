@@ -53,6 +53,10 @@ class OutputReads:
         self._handles: list[Any] = []
         self._due: tuple[Statistic, ...] = ()
         self._running: dict[tuple[Statistic, int], _Running] = {}
+        # A statistic read by its extremes (``extremes(module, output)``: the smallest and
+        # largest value, one reduction; ``from_extremes(lows, highs)``: the figures of all
+        # modules at once): each module's pair so far.
+        self._extremes: dict[tuple[Statistic, int], list[torch.Tensor]] = {}
 
     @property
     def armed(self) -> bool:
@@ -68,6 +72,7 @@ class OutputReads:
         hook at all)."""
         self.disarm()
         self._running.clear()
+        self._extremes.clear()
         self._due = due
         if not due:
             return
@@ -96,14 +101,26 @@ class OutputReads:
                 for statistic in self._due:
                     if statistic in self.statistics.failures:
                         continue
+                    key = (statistic, index)
                     try:
-                        value = one_value(statistic, statistic.output(module, tensor), tensor)
+                        extremes = getattr(statistic, "extremes", None)
+                        if extremes is not None:
+                            low, high = extremes(module, tensor)
+                            found = self._extremes.get(key)
+                            if found is None:
+                                self._extremes[key] = [low, high]
+                            else:  # a module called again in the step
+                                found[0] = torch.minimum(found[0], low)
+                                found[1] = torch.maximum(found[1], high)
+                            continue
+                        value = statistic.output(module, tensor)
+                        if not getattr(statistic, "checked_output", False):
+                            value = one_value(statistic, value, tensor)
                     except Exception as error:  # turned off after the step
                         self.statistics.failed(statistic, error)
                         continue
                     if value is None:  # not applicable to this module: no slot
                         continue
-                    key = (statistic, index)
                     running = self._running.get(key)
                     if running is None:
                         self._running[key] = _Running(value)
@@ -116,7 +133,8 @@ class OutputReads:
 
     def take(self) -> dict[torch.device, tuple[tuple[tuple[str, int], ...], list[torch.Tensor]]]:
         """The step's figures by device: what each is ((statistic name, layer index)) and
-        the 0-d tensors; the hooks are removed."""
+        the 0-d tensors; the hooks are removed. A statistic read by its extremes gets one
+        stack and one reduction over all its modules here, not one per module."""
         self.disarm()
         by_device: dict[torch.device, tuple[list, list]] = {}
         for (statistic, index), running in self._running.items():
@@ -126,7 +144,19 @@ class OutputReads:
             slots, values = by_device.setdefault(value.device, ([], []))
             slots.append((statistic.name, index))
             values.append(value)
+        gathered: dict[tuple[Statistic, torch.device], tuple[list, list, list]] = {}
+        for (statistic, index), (low, high) in self._extremes.items():
+            indices, lows, highs = gathered.setdefault((statistic, low.device), ([], [], []))
+            indices.append(index)
+            lows.append(low)
+            highs.append(high)
+        for (statistic, device), (indices, lows, highs) in gathered.items():
+            figures = statistic.from_extremes(torch.stack(lows), torch.stack(highs))
+            slots, values = by_device.setdefault(device, ([], []))
+            slots += [(statistic.name, index) for index in indices]
+            values += figures.unbind()  # views: the transfer stacks them in one copy
         self._running.clear()
+        self._extremes.clear()
         return {where: (tuple(slots), values) for where, (slots, values) in by_device.items()}
 
     def disarm(self) -> None:

@@ -121,6 +121,9 @@ class StatisticSet:
 
     @staticmethod
     def _due(statistic: Statistic, step: int, detail_every: int) -> bool:
+        own = getattr(statistic, "due", None)  # a forward statistic with its own schedule
+        if own is not None:
+            return own(step, detail_every)
         every = statistic.every
         return step % (detail_every if every is None else every) == 0
 

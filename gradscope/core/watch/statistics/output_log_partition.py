@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gradscope.core.warnings import schedule
 from gradscope.core.watch.statistics.base import Statistic
 
 
@@ -23,6 +24,12 @@ class OutputLogPartition(Statistic):
     name = "out_log_partition"
     label = "Output head log-partition"
     combine = "max"
+    # Built in: one real value on the output's device by construction (see OutputMaxAbs).
+    checked_output = True
+
+    def due(self, step: int, detail_every: int) -> bool:
+        """The early warnings' schedule (gradscope.core.warnings.schedule), not ``every``."""
+        return schedule.due(step, detail_every)
 
     def __init__(self) -> None:
         self.head: int | None = None

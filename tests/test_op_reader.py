@@ -15,6 +15,7 @@ from torch.nn import functional as F
 import gradscope
 from gradscope.core.runner import StepRunner
 from gradscope.core.sources import load_with_settings
+from gradscope.core.warnings import schedule
 from gradscope.core.warnings.op_reader import (
     ATTENTION_LOGIT,
     EXP_INPUT,
@@ -99,13 +100,17 @@ def test_the_reader_runs_only_on_due_steps_and_skips_a_compiled_model(recwarn):
     model = _Holder()
     x = torch.randn(2, 3, 4)
     armed = []
+    # the early warnings' schedule: every step of the first DENSE_STEPS, then every 3rd
+    steps = range(schedule.DENSE_STEPS - 2, schedule.DENSE_STEPS + 6)
     with gradscope.watch(model, early_warnings=True, detail_every=3) as watch:
-        for _ in range(6):
+        watch.step = steps[0]
+        for _ in steps:
             armed.append(bool(model._forward_pre_hooks))
             loss = model(x)
             loss.backward()
             watch.collect(loss)
-    assert armed == [True, False, False, True, False, False]
+    assert armed == [schedule.due(step, 3) for step in steps]
+    assert armed == [True, True, False, False, True, False, False, True]
     assert not model._forward_pre_hooks and not model._forward_hooks
     compiled = torch.compile(_Holder(), backend="eager")
     recwarn.clear()

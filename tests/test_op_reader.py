@@ -267,3 +267,25 @@ def test_transformers_attention_is_read_and_named(kind, attention):
             optimizer.step()
     assert watch.early_warnings._series[(name, ATTENTION_LOGIT)].values
     assert [w.describe() for w in watch.early_warnings.warnings] == []
+
+
+def test_under_autocast_the_logit_is_read_in_float32_against_float16s_limit():
+    """nn.MultiheadAttention under float16 autocast: its q k^T runs in float16 (scaled q
+    first); the reader's own matmul runs with autocast off, so a logit of 40,000, whose
+    unscaled q k^T (69,000) float16 cannot hold, is read as it is."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(6, 2, batch_first=True, bias=False)
+    with torch.no_grad():
+        mha.in_proj_weight.zero_()
+        mha.in_proj_weight[:6].fill_(1.0)
+        mha.in_proj_weight[6:12].fill_(1.0)
+    x = torch.full((1, 2, 6), math.sqrt(40000 * math.sqrt(3) / 6 / 6 / 3))
+    expected = ((6 * x[0, 0, 0]) ** 2 * 3 / math.sqrt(3)).item()  # q = k = 6x, head width 3
+    assert expected == pytest.approx(40000, rel=1e-3)
+    reader = OpReader()
+    reader.arm(mha, mha)
+    with torch.autocast("cpu", dtype=torch.float16):
+        mha(x, x, x)
+    (observation,) = op_observations(reader.take())
+    assert (observation.quantity, observation.dtype) == (ATTENTION_LOGIT, torch.float16)
+    assert observation.value == pytest.approx(expected, rel=1e-5)

@@ -347,7 +347,14 @@ CASES = (
         "attention_logit_growth",
         _attention_training(qk_norm=False, lr=0.1),
         fails=True,
-        precursors=("blocks.0.attn.scores", "blocks.1.attn.scores"),
+        # The scores module returns the logits; the op-level reader sees the same logits
+        # at the softmax in its parent, the attention module.
+        precursors=(
+            "blocks.0.attn.scores",
+            "blocks.1.attn.scores",
+            "blocks.0.attn",
+            "blocks.1.attn",
+        ),
     ),
     DriftCase("lm_head_log_partition", _lm_head_training(z_loss=0.0), True, ("head",)),
     DriftCase("half_residual_stream", _residual_training(torch.float16, 0.2), True, _BLOCKS),

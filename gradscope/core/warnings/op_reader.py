@@ -123,7 +123,9 @@ class _ReadingMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _read_attention(args: tuple, kwargs: dict[str, Any]) -> tuple[str, torch.Tensor, Any, str]:
+def _read_attention(
+    args: tuple, kwargs: dict[str, Any], autocast: torch.dtype | None
+) -> tuple[str, torch.Tensor, Any, str]:
     query, key = _argument(args, kwargs, 0, "query", None), _argument(args, kwargs, 1, "key", None)
     value = attention_max_logit(
         query.detach(),
@@ -190,19 +192,19 @@ def _multi_head_attention_logit(args: tuple, kwargs: dict[str, Any]) -> torch.Te
 
 
 def _read_multi_head_attention(
-    args: tuple, kwargs: dict[str, Any]
+    args: tuple, kwargs: dict[str, Any], autocast: torch.dtype | None
 ) -> tuple[str, torch.Tensor, Any, str] | None:
     value = _multi_head_attention_logit(args, kwargs)
     if value is None:
         return None
     query = args[0] if args else kwargs["query"]
-    dtype = query.dtype
-    if torch.is_autocast_enabled(query.device.type):  # q k^T in autocast's dtype
-        dtype = torch.get_autocast_dtype(query.device.type)
+    dtype = query.dtype if autocast is None else autocast  # q k^T in autocast's dtype
     return ATTENTION_LOGIT, value, dtype, MAGNITUDE
 
 
-def _read_softmax(args: tuple, kwargs: dict[str, Any]) -> tuple[str, torch.Tensor, Any, str]:
+def _read_softmax(
+    args: tuple, kwargs: dict[str, Any], autocast: torch.dtype | None
+) -> tuple[str, torch.Tensor, Any, str]:
     logits = _argument(args, kwargs, 0, "input", None)
     if logits is None:
         logits = kwargs.get("self")
@@ -210,17 +212,17 @@ def _read_softmax(args: tuple, kwargs: dict[str, Any]) -> tuple[str, torch.Tenso
     return quantity, logits.detach().amax().float(), logits.dtype, MAGNITUDE
 
 
-def _read_exp(args: tuple, kwargs: dict[str, Any]) -> tuple[str, torch.Tensor, Any, str]:
+def _read_exp(
+    args: tuple, kwargs: dict[str, Any], autocast: torch.dtype | None
+) -> tuple[str, torch.Tensor, Any, str]:
     exponent = _argument(args, kwargs, 0, "input", None)
     if exponent is None:
         exponent = kwargs.get("self")
-    dtype = exponent.dtype
-    if torch.is_autocast_enabled(exponent.device.type):
-        dtype = torch.float32  # autocast runs exp in float32
+    dtype = exponent.dtype if autocast is None else torch.float32  # autocast's exp: float32
     return EXP_INPUT, exponent.detach().amax().float(), dtype, EXPONENT
 
 
-_READS: dict[Any, Callable[[tuple, dict[str, Any]], tuple[str, torch.Tensor, Any, str]]] = {
+_READS: dict[Any, Callable[..., tuple[str, torch.Tensor, Any, str] | None]] = {
     F.scaled_dot_product_attention: _read_attention,
     F.multi_head_attention_forward: _read_multi_head_attention,
     **dict.fromkeys(
@@ -312,8 +314,14 @@ class OpReader:
         if first.numel() == 0:
             return
         try:
-            with torch.no_grad():
-                found = read(args, kwargs)
+            # Computed in float32 as written: the model's autocast would run the reader's
+            # matmuls in float16, where the logits it measures overflow first.
+            device = first.device.type
+            autocast = (
+                torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+            )
+            with torch.no_grad(), torch.autocast(device, enabled=False):
+                found = read(args, kwargs, autocast)
         except Exception as error:  # never the user's training's problem
             self._skip(f"reading {getattr(func, '__name__', func)} raised {error!r}")
             return

@@ -240,8 +240,11 @@ class EarlyWarnings:
                 maybe_spike &= scaled >= lowest + spike.MIN_RISE
             histories = {}
             for j in np.flatnonzero(maybe_spike).tolist():
-                steps, history = series.column(j)
-                histories[j] = history[steps >= step - spike.SPAN]
+                history = spike.recent_history(*series.column(j), step)
+                if history is None:
+                    maybe_spike[j] = False
+                else:
+                    histories[j] = history
             series.append(step, scaled, valid)
             maybe_drift = none
             if "drift" in wanted:
@@ -289,7 +292,8 @@ class EarlyWarnings:
         kept = len(series.values)
         if kept >= spike.MIN_HISTORY and scaled >= min(series.values) + spike.MIN_RISE:
             steps = np.fromiter(series.steps, float, kept)
-            history = np.fromiter(series.values, float, kept)[steps >= step - spike.SPAN]
+            values = np.fromiter(series.values, float, kept)
+            history = spike.recent_history(steps, values, step)
         series.append(step, scaled)
         wanted = observation.detectors
         found = [

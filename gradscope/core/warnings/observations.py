@@ -1,7 +1,10 @@
 """What the early warnings observe of a watched step, as ``Observation``s:
 
 - the loss and the total gradient norm (whole-model quantities): spikes and drifts;
-- each layer's output max |x|: all three detectors, against its output dtype's limits;
+- each layer's output max |x|: headroom to its output dtype's limits and drift (not spikes:
+  an activation's max doubles from one step to the next on one outlier token in a healthy
+  run, as nanoGPT's LayerNorms do; the loss's and gradient norm's spikes are the reported
+  precursors);
 - the output head's log-partition: headroom and drift, against exp's overflow in the dtype
   an exp of the logits runs in;
 - each layer's max |g|: headroom to its parameters' dtype only (a gradient's own growth or
@@ -63,7 +66,12 @@ def step_observations(
         )
         found.append(
             LayerObservations(
-                names[:width], "output max |x|", out_max[:width], dtypes, module_types=kinds
+                names[:width],
+                "output max |x|",
+                out_max[:width],
+                dtypes,
+                detectors=("headroom", "drift"),
+                module_types=kinds,
             )
         )
     partitions = stats.figures.get(log_partition.name)

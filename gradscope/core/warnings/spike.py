@@ -25,6 +25,22 @@ class Spike:
     median: float
 
 
+def recent_history(steps: np.ndarray, values: np.ndarray, step: int) -> np.ndarray | None:
+    """The history a spike at ``step`` is judged against: the values of the last ``SPAN``
+    steps, or None when the series is sampled more sparsely now than in that history (the
+    early warnings' forward statistics go from every step to every ``detail_every``th at
+    the end of their dense start: a median of the dense samples from tens of steps ago
+    would take a healthy layer's smooth growth over the gap for a spike)."""
+    recent = steps >= step - SPAN
+    steps, values = steps[recent], values[recent]
+    if len(values) < MIN_HISTORY:
+        return None
+    gaps = np.diff(steps)
+    if step - steps[-1] > 2 * float(np.median(gaps)):
+        return None
+    return values
+
+
 def find_spike(history: np.ndarray, value: float) -> Spike | None:
     """A spike of ``value`` against ``history`` (same scale), or None."""
     if len(history) < MIN_HISTORY or not math.isfinite(value):

@@ -167,6 +167,8 @@ def test_a_watched_subset_and_a_layer_without_gradient_go_the_general_way(monkey
     pair = Pair(model, monkeypatch, layers=["0", "2"])
     _train(pair, 6)
     assert pair.plain == 0  # unwatched gradients: the general path's sums
+    # Their entries are made anew at each step: no plan is kept for them.
+    assert not pair.watch.binding.plain_plans
     pair = Pair(model, monkeypatch)
     model[2].weight.requires_grad_(False)
     found = _train(pair, 4)

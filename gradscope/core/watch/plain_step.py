@@ -114,6 +114,16 @@ def plan_for(binding: Binding, entries: list[Any], ok_status: np.ndarray) -> Pla
     binding; None when a step of this layout never takes the common path (detail reads,
     a loss scale, the ranks' exchange, unwatched gradients, parameters without a gradient,
     layers sharing or lacking parameters, float64 squares that may overflow)."""
+    # Only layouts of entries the groups keep (a plain step's) are kept: a sharded,
+    # unwatched or forward statistics' entry is made anew at each step, and keeping a plan
+    # under its id would keep one per step.
+    if binding.sharded or binding.wide or binding.has_empty_layers:
+        return None
+    if not binding.members_in_order or not sums_match_numpy():
+        return None
+    for entry in entries:
+        if entry.kind not in _PLAIN_KINDS:
+            return None
     key = tuple(id(entry) for entry in entries)
     plans = binding.plain_plans
     if key in plans:
@@ -122,11 +132,10 @@ def plan_for(binding: Binding, entries: list[Any], ok_status: np.ndarray) -> Pla
     return plan
 
 
+_PLAIN_KINDS = ("watched", "loss")
+
+
 def _make_plan(binding: Binding, entries: list[Any], ok_status: np.ndarray) -> PlainPlan | None:
-    if binding.sharded or binding.wide or binding.has_empty_layers:
-        return None
-    if not binding.members_in_order or not sums_match_numpy():
-        return None
     n_params = len(binding.params)
     order = [-1] * n_params
     rooted: list[int] = []

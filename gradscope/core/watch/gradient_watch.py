@@ -450,8 +450,9 @@ class GradientWatch:
 
     def _figures_to_stats(self, transfers: list[Transfer], batch: Any) -> StepStats:
         """The step's statistics from its transfers (and a second read when it needs the
-        detail). The common step (every figure finite, every layer ok) takes a few numpy
-        calls: each costs microseconds with the caches cold after a backward."""
+        detail). The common step (nothing but the norms due, every figure finite, every
+        layer ok now and at the step before) is read in Python floats (:meth:`_plain_stats`):
+        each numpy call costs 10-30 µs with the caches cold after a backward."""
         if not (self._reads or self._output_reads or self.statistics.failures):
             if len(transfers) == 1:
                 stats = self._plain_stats(transfers[0])

@@ -169,6 +169,9 @@ class Binding:
     has_empty_layers: bool
     # Whether some watched parameter is float64 (its figures' squares can overflow).
     wide: bool = False
+    # The common step's plans, by the layout of a step's vector (see
+    # gradscope.core.watch.plain_step): kept with the binding, so a rebind starts afresh.
+    plain_plans: dict[Any, Any] = field(default_factory=dict)
 
     def parameters_replaced(self, model: nn.Module) -> bool:
         """Whether the model's parameters changed since it was bound (see the module)."""

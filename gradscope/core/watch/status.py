@@ -28,6 +28,14 @@ def classify(
 _ALL_OK: dict[tuple[int, ...], np.ndarray] = {}
 
 
+def all_ok_status(layers: int) -> np.ndarray:
+    """The statuses of ``layers`` layers that are all ok (shared: copy before handing out)."""
+    template = _ALL_OK.get((layers,))
+    if template is None:
+        template = _ALL_OK[(layers,)] = np.full((layers,), STATUS_OK, np.uint8)
+    return template
+
+
 def classify_step(
     grad_norm: np.ndarray,
     nonfinite_count: np.ndarray | None,

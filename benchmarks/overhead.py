@@ -357,6 +357,8 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
     watch_early = gradscope.watch(model, early_warnings=True, replay=False)
     # Its forward hooks, armed for its due steps, must not run in the other variants' steps.
     watch_early.outputs.disarm()
+    if watch_early._op_reader is not None:
+        watch_early._op_reader.disarm()
     early_due: list[bool] = []  # per timed step of the variant: a forward statistic was due
     params = [p for p in model.parameters() if p.requires_grad]
     seed = SeedHook(model)
@@ -397,6 +399,8 @@ def run_case(case: Case, device: torch.device, rng: random.Random, scale: float)
         took = time.perf_counter() - start
         if variant == "early_warnings":
             watch_early.outputs.disarm()  # ... and taken off again until its next step
+            if watch_early._op_reader is not None:  # its op reader too (a model pre-hook)
+                watch_early._op_reader.disarm()
         return took
 
     max_rounds = max(3, round(case.rounds * scale))

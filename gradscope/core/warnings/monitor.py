@@ -285,7 +285,9 @@ class EarlyWarnings:
         else:
             scaled = value
         key = (observation.module, observation.quantity)
-        series = self._series.setdefault(key, _Series.empty())
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _Series.empty()
         # Most steps of most quantities cannot spike: not 2x above their history's minimum
         # (hence its median); the median is taken only when it might (microseconds a step).
         history = None

@@ -267,11 +267,7 @@ class EarlyWarnings:
                 if maybe_drift[index]
                 else None,
             ]
-            for warning in found:
-                if warning is None or (observation.module, warning.kind) in self._raised:
-                    continue
-                self._raised.add((observation.module, warning.kind))
-                new.append(warning)
+            new.extend(self._first_of_their_kind(observation.module, found))
         return new
 
     def _observe_one(self, step: int, observation: Observation) -> list[EarlyWarning]:
@@ -305,11 +301,18 @@ class EarlyWarnings:
             else None,
             self._drift(step, observation, series) if "drift" in wanted else None,
         ]
+        return self._first_of_their_kind(observation.module, found)
+
+    def _first_of_their_kind(
+        self, module: str | None, found: list[EarlyWarning | None]
+    ) -> list[EarlyWarning]:
+        """The warnings of ``found`` that ``module`` has not raised before, by kind (a drift
+        that goes on is one warning, not one a step), noted as raised."""
         new = []
         for warning in found:
-            if warning is None or (observation.module, warning.kind) in self._raised:
+            if warning is None or (module, warning.kind) in self._raised:
                 continue
-            self._raised.add((observation.module, warning.kind))
+            self._raised.add((module, warning.kind))
             new.append(warning)
         return new
 

@@ -11,7 +11,7 @@ into a :class:`~gradscope.core.history.RunHistory`.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,26 +148,11 @@ class StatisticReader:
             return
         self.refresh()
         history.describe_statistics(list(self.infos.values()))
-        found = self._connection.execute(
-            f"SELECT row, statistic, data FROM figures WHERE {where} ORDER BY statistic, row",
-            parameters,
-        ).fetchall()
         end = start + len(rows)
-        by_statistic: dict[int, list[tuple[int, bytes]]] = {}
-        for row, position, data in found:
-            by_statistic.setdefault(integer(position, "a figure's statistic"), []).append(
-                (row, data)
-            )
-        for position, entries in by_statistic.items():
-            if not 0 <= position < len(self.names):
-                raise StoredValueError("a figure names a statistic the file does not describe")
-            name = self.names[position]
+        for name, which, flat in self._blocks("figures", rows, where, parameters, "values"):
             history.ensure_statistic(name)
             target = history._stats[name][start:end]
             target[:] = MISSING
-            which = np.searchsorted(rows, np.array([r for r, _ in entries], dtype=np.int64))
-            what = f"a step's {name} values"
-            flat = np.frombuffer(b"".join(blob(b, what) for _, b in entries), dtype=np.float32)
             scatter(target, flat, None if len(which) == len(rows) else which)
             history._due[name][start + which] = True
         if self.has_absent:
@@ -186,29 +171,38 @@ class StatisticReader:
         figures) into the history's absent masks; a statistic without any in the block has
         its masks cleared there (a block read again after a rewind)."""
         end = start + len(rows)
-        found = self._connection.execute(
-            f"SELECT row, statistic, data FROM {ABSENT_TABLE} WHERE {where} "
-            "ORDER BY statistic, row",
-            parameters,
-        ).fetchall()
-        by_statistic: dict[int, list[tuple[int, bytes]]] = {}
-        for row, position, data in found:
-            by_statistic.setdefault(integer(position, "an absent figure's statistic"), []).append(
-                (row, data)
-            )
+        found = list(self._blocks(ABSENT_TABLE, rows, where, parameters, "absent layers"))
         for name in self.names:
             mask = history.absent_matrix(name)
             if mask is not None:
                 mask[start:end] = False
-        for position, entries in by_statistic.items():
-            if not 0 <= position < len(self.names):
-                raise StoredValueError("an absent figure names a statistic the file lacks")
-            name = self.names[position]
+        for name, which, flat in found:
             history.ensure_statistic(name)
             held = history.absent_matrix(name, create=True)
             marks = np.zeros((len(rows), held.shape[1]), dtype=np.float32)
-            which = np.searchsorted(rows, np.array([r for r, _ in entries], dtype=np.int64))
-            what = f"a step's absent {name} layers"
-            flat = np.frombuffer(b"".join(blob(b, what) for _, b in entries), dtype=np.float32)
             scatter(marks, flat, None if len(which) == len(rows) else which)
             held[start:end] |= marks == 1.0
+
+    def _blocks(
+        self, table: str, rows: np.ndarray, where: str, parameters: Sequence[Any], what: str
+    ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        """A table of per-statistic rows (``figures``, ``absent_figures``) read for the
+        block's file rows ``rows``: per statistic, its name, the positions in ``rows`` of
+        the rows it has, and their values one after the other (float32)."""
+        found = self._connection.execute(
+            f"SELECT row, statistic, data FROM {table} WHERE {where} ORDER BY statistic, row",
+            parameters,
+        ).fetchall()
+        by_statistic: dict[int, list[tuple[int, bytes]]] = {}
+        for row, position, data in found:
+            by_statistic.setdefault(integer(position, f"{table}' statistic"), []).append(
+                (row, data)
+            )
+        for position, entries in by_statistic.items():
+            if not 0 <= position < len(self.names):
+                raise StoredValueError(f"{table} names a statistic the file does not describe")
+            name = self.names[position]
+            which = np.searchsorted(rows, np.array([r for r, _ in entries], dtype=np.int64))
+            label = f"a step's {name} {what}"
+            flat = np.frombuffer(b"".join(blob(b, label) for _, b in entries), dtype=np.float32)
+            yield name, which, flat

@@ -202,12 +202,17 @@ def _read_multi_head_attention(
     return ATTENTION_LOGIT, value, dtype, MAGNITUDE
 
 
+def _first_tensor(args: tuple, kwargs: dict[str, Any]) -> Any:
+    """A one-tensor op's input, however it was passed: first positional, ``input=`` (the
+    functions) or ``self=`` (the Tensor methods)."""
+    found = _argument(args, kwargs, 0, "input", None)
+    return kwargs.get("self") if found is None else found
+
+
 def _read_softmax(
     args: tuple, kwargs: dict[str, Any], autocast: torch.dtype | None
 ) -> tuple[str, torch.Tensor, Any, str]:
-    logits = _argument(args, kwargs, 0, "input", None)
-    if logits is None:
-        logits = kwargs.get("self")
+    logits = _first_tensor(args, kwargs)
     quantity = ATTENTION_LOGIT if logits.dim() >= 3 else SOFTMAX_LOGIT
     return quantity, logits.detach().amax().float(), logits.dtype, MAGNITUDE
 
@@ -215,9 +220,7 @@ def _read_softmax(
 def _read_exp(
     args: tuple, kwargs: dict[str, Any], autocast: torch.dtype | None
 ) -> tuple[str, torch.Tensor, Any, str]:
-    exponent = _argument(args, kwargs, 0, "input", None)
-    if exponent is None:
-        exponent = kwargs.get("self")
+    exponent = _first_tensor(args, kwargs)
     dtype = exponent.dtype if autocast is None else torch.float32  # autocast's exp: float32
     return EXP_INPUT, exponent.detach().amax().float(), dtype, EXPONENT
 

@@ -232,6 +232,8 @@ class EarlyWarnings:
                     scaled - bounds[1] < headroom.LOW
                 )
                 maybe_headroom &= valid
+                room = bounds[0] - scaled
+                swung = np.flatnonzero(valid & ~maybe_headroom & (room < headroom.SWING_CAP))
             maybe_spike = none
             if "spike" in wanted:
                 kept = series.kept()
@@ -246,6 +248,11 @@ class EarlyWarnings:
                 else:
                     histories[j] = history
             series.append(step, scaled, valid)
+            rises = np.full(width, np.nan)
+            if "headroom" in wanted and len(swung):
+                rises[swung] = headroom.largest_rise(series.latest(headroom.SWING_SAMPLES, swung))
+                with np.errstate(invalid="ignore"):
+                    maybe_headroom[swung] = room[swung] < headroom.SWING_TIMES * rises[swung]
             maybe_drift = none
             if "drift" in wanted:
                 maybe_drift = valid & (series.kept() > drift.MIN_WINDOW)
@@ -259,7 +266,9 @@ class EarlyWarnings:
         for index in np.flatnonzero(maybe_headroom | maybe_spike | maybe_drift).tolist():
             observation = layers.observation(index)
             found = [
-                self._headroom(step, observation) if maybe_headroom[index] else None,
+                self._headroom(step, observation, float(rises[index]))
+                if maybe_headroom[index]
+                else None,
                 self._spike(step, observation, histories[index], float(scaled[index]))
                 if maybe_spike[index]
                 else None,
@@ -295,7 +304,9 @@ class EarlyWarnings:
         series.append(step, scaled)
         wanted = observation.detectors
         found = [
-            self._headroom(step, observation) if "headroom" in wanted else None,
+            self._headroom(step, observation, self._rise(observation, series))
+            if "headroom" in wanted
+            else None,
             self._spike(step, observation, history, scaled)
             if "spike" in wanted and history is not None
             else None,
@@ -352,16 +363,38 @@ class EarlyWarnings:
             return f"{dtype} overflows at {_figure(limit)}"
         return f"{dtype} exp overflows at {limit:.2f}"
 
-    def _headroom(self, step: int, observation: Observation) -> EarlyWarning | None:
+    def _rise(self, observation: Observation, series: _Series) -> float:
+        """The largest rise between consecutive samples of a scalar series' recent ones
+        (NaN: too few, or none), looked for only where the room to the limit is small
+        enough for a swing to matter."""
+        limit = self._limit(observation)
+        if limit is None or len(series.values) < headroom.SWING_MIN:
+            return math.nan
+        top = math.log(limit) if observation.scale == MAGNITUDE else limit
+        if not top - series.values[-1] < headroom.SWING_CAP:
+            return math.nan
+        recent = list(series.values)[-headroom.SWING_SAMPLES :]
+        return float(headroom.largest_rise(np.array(recent)[:, None])[0])
+
+    def _headroom(
+        self, step: int, observation: Observation, rise: float = math.nan
+    ) -> EarlyWarning | None:
+        """Low headroom: within a fixed margin of the limit, or within two of the value's
+        largest recent rises (``rise``, on the comparison scale) of its overflow."""
         limit = self._limit(observation)
         if limit is None:
             return None
         value = observation.value
         if observation.scale == MAGNITUDE:
             room = headroom.overflow_headroom(math.log(value), math.log(limit))
-            if headroom.is_low(room):
+            if headroom.is_low(room) or headroom.swings_over(room, rise):
                 words = f"{_where(observation)} {_figure(value)}, {math.exp(room):.2g}x below "
                 evidence = words + self._limit_words(observation, limit)
+                if not headroom.is_low(room):
+                    evidence += (
+                        f"; it grew up to {math.exp(rise):.2g}x between two of its recent "
+                        "samples, and twice that crosses it"
+                    )
                 return self._warning(step, observation, "low headroom", evidence, limit)
             tiny = limits.smallest_normal(observation.dtype)
             under = headroom.overflow_headroom(math.log(value), math.log(tiny))
@@ -374,12 +407,17 @@ class EarlyWarnings:
                 return self._warning(step, observation, "low headroom", evidence, tiny)
             return None
         room = headroom.overflow_headroom(value, limit)
-        if not headroom.is_low(room):
+        if not (headroom.is_low(room) or headroom.swings_over(room, rise)):
             return None
         evidence = (
             f"{_where(observation)} {value:.2f}, {room:.2f} below the point where "
             + self._limit_words(observation, limit)
         )
+        if not headroom.is_low(room):
+            evidence += (
+                f"; it rose by up to {rise:.2f} between two of its recent samples, and "
+                "twice that crosses it"
+            )
         return self._warning(step, observation, "low headroom", evidence, limit)
 
     def _spike(

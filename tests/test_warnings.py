@@ -158,10 +158,9 @@ def test_low_headroom_when_two_of_its_recent_rises_cross_the_limit():
     # too few samples to know its swings; in float32 (88.7) the same swings are far off
     assert _swinging(EarlyWarnings(), swinging[5:]) == []
     assert _swinging(EarlyWarnings(), swinging, dtype=torch.float32) == []
-    # magnitudes: a float16 output at 1,200 (55x below 65,504) that has grown 8x in a sample
-    grown = [9.0, 10.0, 9.5, 11.0, 10.0, 12.0, 11.0, 100.0, 150.0, 1200.0]
-    assert _swinging(EarlyWarnings(), grown, scale=MAGNITUDE, quantity="q") == [(9, "low headroom")]
-    assert _swinging(EarlyWarnings(), [v / 100 for v in grown], scale=MAGNITUDE, quantity="q") == []
+    # not magnitudes: a healthy float16 output may grow 10-30x a step from its initial values
+    grown = [0.5, 0.6, 0.5, 0.7, 0.6, 0.8, 0.7, 10.0, 150.0, 1200.0]
+    assert _swinging(EarlyWarnings(), grown, scale=MAGNITUDE, quantity="q") == []
 
 
 def test_one_warning_per_module_and_kind_and_non_finite_values_ignored():
@@ -316,8 +315,7 @@ def test_gradscope_run_reports_the_warnings_and_fails_on_them(tmp_path, capsys):
     code = main(["run", str(script), "--fail-on-warning", "--json", str(report)])
     assert code == 1
     warnings = json.loads(report.read_text())["warnings"]
-    # the stream grows some 10x a step: two such rises cross float16's overflow
-    assert warnings and warnings[0]["module"] == "blocks.0"
+    assert warnings and warnings[0]["module"] == "blocks.3"
     assert warnings[0]["kind"] == "low headroom" and warnings[0]["limit"] == 65504.0
     assert set(warnings[0]) == {
         "step",

@@ -7,7 +7,10 @@ A fixed margin is too narrow for a quantity that jumps about: an exp input that 
 1.8 between steps crosses float16's 11.09 from 7.6 in two steps, with no drift to see. So the
 room to the overflow is also weighed against the quantity's own swings: it is low when it is
 less than ``SWING_TIMES`` times the largest rise between two consecutive samples among its
-last ``SWING_SAMPLES`` (at least ``SWING_MIN`` of them)."""
+last ``SWING_SAMPLES`` (at least ``SWING_MIN`` of them). Exp inputs only (the exponent scale:
+additive rises): a magnitude's rises are factors, and outputs that grow 10-30x a step from
+their small initial values early in a healthy run (nanoGPT's projections in float16) would
+warn from a fixed distance of float16's 65,504 that they never come near."""
 
 import math
 
@@ -17,9 +20,9 @@ LOW = math.log(4.0)
 SWING_SAMPLES = 16
 SWING_MIN = 8
 SWING_TIMES = 2.0
-# Columns with more room than this are not looked at for swings (a float32 activation's
-# room is some 80 on the log scale): no rise between two samples is a factor of 1e3.
-SWING_CAP = SWING_TIMES * math.log(1e3)
+# Exp inputs with more room than this are not looked at for swings (float32's limit is
+# 88.7): no rise between two samples is taken to be larger.
+SWING_CAP = SWING_TIMES * 7.0
 
 
 def overflow_headroom(value: float, limit: float) -> float:

@@ -233,7 +233,10 @@ class EarlyWarnings:
                 )
                 maybe_headroom &= valid
                 room = bounds[0] - scaled
-                swung = np.flatnonzero(valid & ~maybe_headroom & (room < headroom.SWING_CAP))
+                swung = none
+                if layers.scale == EXPONENT:  # see gradscope.core.warnings.headroom
+                    swung = valid & ~maybe_headroom & (room < headroom.SWING_CAP)
+                swung = np.flatnonzero(swung)
             maybe_spike = none
             if "spike" in wanted:
                 kept = series.kept()
@@ -364,14 +367,15 @@ class EarlyWarnings:
         return f"{dtype} exp overflows at {limit:.2f}"
 
     def _rise(self, observation: Observation, series: _Series) -> float:
-        """The largest rise between consecutive samples of a scalar series' recent ones
-        (NaN: too few, or none), looked for only where the room to the limit is small
-        enough for a swing to matter."""
+        """The largest rise between consecutive samples of an exp input's recent ones (NaN:
+        too few, or none, or not an exp input), looked for only where the room to the limit
+        is small enough for a swing to matter."""
         limit = self._limit(observation)
-        if limit is None or len(series.values) < headroom.SWING_MIN:
+        if limit is None or observation.scale != EXPONENT:
             return math.nan
-        top = math.log(limit) if observation.scale == MAGNITUDE else limit
-        if not top - series.values[-1] < headroom.SWING_CAP:
+        if len(series.values) < headroom.SWING_MIN:
+            return math.nan
+        if not limit - series.values[-1] < headroom.SWING_CAP:
             return math.nan
         recent = list(series.values)[-headroom.SWING_SAMPLES :]
         return float(headroom.largest_rise(np.array(recent)[:, None])[0])
@@ -379,22 +383,17 @@ class EarlyWarnings:
     def _headroom(
         self, step: int, observation: Observation, rise: float = math.nan
     ) -> EarlyWarning | None:
-        """Low headroom: within a fixed margin of the limit, or within two of the value's
-        largest recent rises (``rise``, on the comparison scale) of its overflow."""
+        """Low headroom: within a fixed margin of the limit, or (an exp input) within two of
+        the value's largest recent rises (``rise``) of its overflow."""
         limit = self._limit(observation)
         if limit is None:
             return None
         value = observation.value
         if observation.scale == MAGNITUDE:
             room = headroom.overflow_headroom(math.log(value), math.log(limit))
-            if headroom.is_low(room) or headroom.swings_over(room, rise):
+            if headroom.is_low(room):
                 words = f"{_where(observation)} {_figure(value)}, {math.exp(room):.2g}x below "
                 evidence = words + self._limit_words(observation, limit)
-                if not headroom.is_low(room):
-                    evidence += (
-                        f"; it grew up to {math.exp(rise):.2g}x between two of its recent "
-                        "samples, and twice that crosses it"
-                    )
                 return self._warning(step, observation, "low headroom", evidence, limit)
             tiny = limits.smallest_normal(observation.dtype)
             under = headroom.overflow_headroom(math.log(value), math.log(tiny))

@@ -129,6 +129,11 @@ def test_low_headroom_to_overflow_and_to_the_smallest_normal():
         ("f", "low headroom"),
     }
     by_module = {w.module: w for w in new}
+    assert "1.09 below the point where float16 exp overflows" in by_module["f"].evidence
+    (over,) = EarlyWarnings().observe(
+        0, [Observation("z", "log-partition", 90.63, torch.float32, EXPONENT)]
+    )
+    assert "90.63, 1.91 above the point where float32 exp overflows at 88.72" in over.evidence
     assert by_module["a"].limit == 65504.0
     assert by_module["d"].limit == limits.smallest_normal(torch.float16)
     assert by_module["f"].limit == pytest.approx(11.09, abs=0.01)

@@ -408,8 +408,9 @@ class EarlyWarnings:
         room = headroom.overflow_headroom(value, limit)
         if not (headroom.is_low(room) or headroom.swings_over(room, rise)):
             return None
+        side = f"{room:.2f} below" if room >= 0 else f"{-room:.2f} above"
         evidence = (
-            f"{_where(observation)} {value:.2f}, {room:.2f} below the point where "
+            f"{_where(observation)} {value:.2f}, {side} the point where "
             + self._limit_words(observation, limit)
         )
         if not headroom.is_low(room):

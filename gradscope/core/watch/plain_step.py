@@ -106,8 +106,7 @@ class PlainPlan:
     A detail step's built-in figures (None where the layout has none): ``weights``, each
     parameter's weight-norm slot (``weights_rooted``: those holding a sum of squares);
     ``maxima``, each parameter's max |g| slot (``pairs``: those starting a CPU read's (min,
-    max) pair, whose max |g| is the larger modulus); ``maxima_spans``, the slots of the max
-    |g| figures (all finite on a common step); ``tiny_maxima``: (parameters, bound) of each
+    max) pair, whose max |g| is the larger modulus); ``tiny_maxima``: (parameters, bound) of each
     fused read whose norms may have lost squares where a max |g| is below the bound."""
 
     size: int
@@ -122,7 +121,6 @@ class PlainPlan:
     weights_rooted: list[int] = field(default_factory=list)
     maxima: list[int] | None = None
     pairs: list[int] = field(default_factory=list)
-    maxima_spans: list[tuple[int, int]] = field(default_factory=list)
     tiny_maxima: list[tuple[list[int], float]] = field(default_factory=list)
 
 
@@ -197,7 +195,6 @@ def _make_plan(binding: Binding, entries: list[Any], ok_status: np.ndarray) -> P
                     maxima[position] = cursor + offset * width
                     if width == 2:
                         plan.pairs.append(position)
-                plan.maxima_spans.append((cursor, cursor + width * entry.count))
             else:
                 return None
             cursor += width * entry.count
@@ -283,11 +280,8 @@ def plain_figures(
             return None
     maxima = None
     if plan.maxima is not None:
-        # A finite norm has finite elements, so its max |g| is finite too; said here, since
-        # Python's max() would not carry a NaN as numpy's maximum does.
-        for start, end in plan.maxima_spans:
-            if not math.isfinite(sum(values[start:end])):
-                return None
+        # Finite: the norms, read from the same gradients, are (a NaN or Inf element makes
+        # its norm NaN or Inf), so Python's max() gives numpy's maximum here.
         maxima = [values[slot] for slot in plan.maxima]
         for position in plan.pairs:  # max |g| = the larger of |min| and |max|
             slot = plan.maxima[position]
@@ -295,7 +289,7 @@ def plain_figures(
             maxima[position] = low if low > high else high
         for positions, bound in plan.tiny_maxima:
             # Squares of elements this small underflow: the general path reads them exactly.
-            if min(maxima[position] for position in positions) < bound:
+            if min(map(maxima.__getitem__, positions)) < bound:
                 return None
     grad_norm = _layer_norms(squares, plan.layers)
     if grad_norm and (min(grad_norm) < vanish_threshold or max(grad_norm) > explode_threshold):
@@ -312,4 +306,23 @@ def plain_figures(
             maxima[first] if count == 1 else max(maxima[first : first + count])
             for first, count in plan.layers
         ]
+    return found
+
+
+def as_arrays(*lists: list[float] | None) -> list[np.ndarray | None]:
+    """Each list as a float64 array (None stays None), by one conversion: views of one
+    buffer, since each numpy call costs microseconds with the caches cold."""
+    flat: list[float] = []
+    for values in lists:
+        if values is not None:
+            flat += values
+    buffer = np.array(flat, dtype=np.float64)
+    found: list[np.ndarray | None] = []
+    start = 0
+    for values in lists:
+        if values is None:
+            found.append(None)
+            continue
+        found.append(buffer[start : start + len(values)])
+        start += len(values)
     return found

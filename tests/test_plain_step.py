@@ -290,14 +290,23 @@ def _half(dtype):
     return build
 
 
-LAYOUTS = [(_mlp, 64), (_many_small, 8), (_convnet, (4, 6, 6))]
+def _wide_mlp() -> nn.Module:
+    """Weights above the fused max |g|'s size (4,096 elements): on a CPU each one's max |g|
+    comes from an aminmax pair, every parameter's pair side by side."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(72, 72), nn.ReLU(), nn.Linear(72, 72), nn.Tanh(), nn.Linear(72, 72)
+    )
+
+
+LAYOUTS = [(_mlp, 64), (_wide_mlp, 72), (_many_small, 8), (_convnet, (4, 6, 6))]
 
 
 @pytest.mark.parametrize("per_tensor", [True, False], ids=["aminmax", "fused"])
 @pytest.mark.parametrize(
     ("build", "width"),
     [*LAYOUTS, (_half(torch.float16), 64), (_half(torch.bfloat16), 64)],
-    ids=["mlp", "many_small", "convnet", "float16", "bfloat16"],
+    ids=["mlp", "wide_mlp", "many_small", "convnet", "float16", "bfloat16"],
 )
 def test_the_detail_step_equals_the_general_path_and_is_taken(
     build, width, per_tensor, monkeypatch

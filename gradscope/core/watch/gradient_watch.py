@@ -45,7 +45,7 @@ from gradscope.core.watch.host import to_host
 from gradscope.core.watch.norms import settle_norms
 from gradscope.core.watch.outputs import OutputReads
 from gradscope.core.watch.per_layer import per_layer_figures
-from gradscope.core.watch.plain_step import as_arrays, plain_figures, plan_for
+from gradscope.core.watch.plain_step import plain_figures, plan_for
 from gradscope.core.watch.reads import (
     Figures,
     ReadSetup,
@@ -571,27 +571,24 @@ class GradientWatch:
         )
         if found is None:
             return None
-        grad_norm, param_norm, max_abs, weight_norm, param_weight_norm = as_arrays(
-            found.grad_norm,
-            found.param_norm,
-            found.layer_max_abs,
-            found.layer_weight_norm,
-            found.weight_norm,
-        )
-        if param_weight_norm is not None:  # a parameter keeps its weights' last figure
-            self.kept_figures["weight_norm"][:] = param_weight_norm
-        nan_count, inf_count = np.zeros((2, len(found.grad_norm)), dtype=np.int64)
+        if found.weight_norm is not None:  # a parameter keeps its weights' last figure
+            self.kept_figures["weight_norm"][:] = found.weight_norm
+        layers = len(found.grad_norm)
+        # Each array by its own call: cheaper with the caches cold than one conversion and
+        # views, or than unpacking a (2, layers) array (measured after a backward).
         stats = StepStats(
             step=self._step,
             loss=found.loss,
             total_grad_norm=math.sqrt(found.watched_sq),
-            grad_norm=grad_norm,
-            max_abs=max_abs,
-            weight_norm=weight_norm,
-            nan_count=nan_count,
-            inf_count=inf_count,
+            grad_norm=np.array(found.grad_norm),
+            max_abs=None if found.layer_max_abs is None else np.array(found.layer_max_abs),
+            weight_norm=(
+                None if found.layer_weight_norm is None else np.array(found.layer_weight_norm)
+            ),
+            nan_count=np.zeros(layers, dtype=np.int64),
+            inf_count=np.zeros(layers, dtype=np.int64),
             status=plan.ok_status.copy(),
-            param_grad_norm=param_norm,
+            param_grad_norm=np.array(found.param_norm),
             wall_time=time.time(),
             known_nonfinite=False,
         )

@@ -105,28 +105,24 @@ class PlainPlan:
 
     A detail step's built-in figures (None where the layout has none): ``weights``, each
     parameter's weight-norm slot (``weights_rooted``: those holding a sum of squares);
-    ``maxima``, each parameter's max |g| slot (``pairs``: those starting a CPU read's (min,
-    max) pair, whose max |g| is the larger modulus); ``tiny_maxima``: (parameters, bound) of
-    each fused read whose norms may have lost squares where a max |g| is below the bound.
-    Slots and parameters that run on at one stride are kept as a slice (one list slice at
-    each step, not a loop)."""
+    ``maxima`` and ``maxima_high``, each parameter's max |g| slots: a CPU read's (min, max)
+    pair, whose max |g| is the larger modulus, or one slot twice (a max |g|, never -0.0,
+    is its own modulus); ``tiny_maxima``: (parameters, bound) of each fused read whose
+    norms may have lost squares where a max |g| is below the bound."""
 
     size: int
-    order: list[int] | slice
+    order: list[int]
     rooted: list[int]
     loss: int | None
     tiny: list[tuple[int, int, float]]
     layers: list[tuple[int, int]]
     ok: bytes
     ok_status: np.ndarray
-    weights: list[int] | slice | None = None
+    weights: list[int] | None = None
     weights_rooted: list[int] = field(default_factory=list)
     maxima: list[int] | None = None
-    pairs: list[int] = field(default_factory=list)
-    # Every parameter's max |g| from a pair, the pairs side by side: the mins' and the
-    # maxes' slots as two slices.
-    pair_slices: tuple[slice, slice] | None = None
-    tiny_maxima: list[tuple[list[int] | slice, float]] = field(default_factory=list)
+    maxima_high: list[int] | None = None
+    tiny_maxima: list[tuple[list[int], float]] = field(default_factory=list)
 
 
 def plan_for(binding: Binding, entries: list[Any], ok_status: np.ndarray) -> PlainPlan | None:
@@ -161,6 +157,7 @@ def _make_plan(binding: Binding, entries: list[Any], ok_status: np.ndarray) -> P
     order = [-1] * n_params
     weights = [-1] * n_params
     maxima = [-1] * n_params
+    maxima_high = [-1] * n_params
     plan = PlainPlan(0, order, [], None, [], [], ok_status.tobytes(), ok_status)
     cursor = 0
     for entry in entries:
@@ -198,56 +195,33 @@ def _make_plan(binding: Binding, entries: list[Any], ok_status: np.ndarray) -> P
                 maxima_read = True
                 for offset, position in enumerate(positions):
                     maxima[position] = cursor + offset * width
-                    if width == 2:
-                        plan.pairs.append(position)
+                    maxima_high[position] = cursor + offset * width + width - 1
             else:
                 return None
             cursor += width * entry.count
         if entry.tiny and maxima_read:
-            plan.tiny_maxima.append((_gathering(positions), entry.tiny))
+            plan.tiny_maxima.append((positions, entry.tiny))
         elif entry.tiny and not entry.grads_squared:
             plan.tiny.append((norms, norms + entry.count, entry.tiny))
     if -1 in order:  # a parameter without a gradient this step
         return None
-    plan.order = _gathering(order)
     # Each detail figure read for every parameter or for none.
     if -1 in weights:
         if any(slot != -1 for slot in weights):
             return None
     else:
-        plan.weights = _gathering(weights)
+        plan.weights = weights
     if -1 in maxima:
         if any(slot != -1 for slot in maxima):
             return None
     else:
         plan.maxima = maxima
-        lows = _gathering(maxima)
-        if len(plan.pairs) == n_params and isinstance(lows, slice) and lows.step == 2:
-            plan.pair_slices = (lows, slice(lows.start + 1, lows.stop + 1, 2))
+        plan.maxima_high = maxima_high
     offsets = binding.offsets.tolist()
     sizes = binding.layer_sizes.tolist()
     plan.size = cursor
     plan.layers = list(zip(offsets, sizes, strict=True))
     return plan
-
-
-def _gathering(slots: list[int]) -> list[int] | slice:
-    """``slots`` as a slice when they run on at one stride (the common layout), else as
-    they are: :func:`_take` gathers either."""
-    if not slots:
-        return slots
-    first = slots[0]
-    stride = slots[1] - first if len(slots) > 1 else 1
-    if stride > 0 and slots == list(range(first, first + stride * len(slots), stride)):
-        return slice(first, first + stride * len(slots), stride)
-    return slots
-
-
-def _take(values: list[float], slots: list[int] | slice) -> list[float]:
-    """The values at ``slots`` (a new list)."""
-    if type(slots) is slice:
-        return values[slots]
-    return [values[slot] for slot in slots]
 
 
 @dataclass
@@ -291,7 +265,8 @@ def plain_figures(
     thresholds. None otherwise (the general path then reads the same vector)."""
     if len(values) != plan.size:
         return None
-    param_norm = _take(values, plan.order)
+    take = values.__getitem__
+    param_norm = list(map(take, plan.order))
     for position in plan.rooted:
         param_norm[position] = math.sqrt(param_norm[position])
     squares = [norm * norm for norm in param_norm]
@@ -310,29 +285,25 @@ def plain_figures(
     if plan.maxima is not None:
         # Finite: the norms, read from the same gradients, are (a NaN or Inf element makes
         # its norm NaN or Inf), so Python's max() gives numpy's maximum here.
-        # max |g| of a pair = the larger of |min| and |max|
-        if plan.pair_slices is not None:
-            lows, highs = plan.pair_slices
-            maxima = [
-                low if low > high else high
-                for low, high in zip(map(abs, values[lows]), map(abs, values[highs]), strict=True)
-            ]
-        else:
-            maxima = [values[slot] for slot in plan.maxima]
-            for position in plan.pairs:
-                slot = plan.maxima[position]
-                low, high = abs(values[slot]), abs(values[slot + 1])
-                maxima[position] = low if low > high else high
+        # max |g| = the larger of |min| and |max| (of one slot twice: itself)
+        maxima = [
+            low if low > high else high
+            for low, high in zip(
+                map(abs, map(take, plan.maxima)),
+                map(abs, map(take, plan.maxima_high)),
+                strict=True,
+            )
+        ]
         for positions, bound in plan.tiny_maxima:
             # Squares of elements this small underflow: the general path reads them exactly.
-            if min(_take(maxima, positions)) < bound:
+            if min(map(maxima.__getitem__, positions)) < bound:
                 return None
     grad_norm = _layer_norms(squares, plan.layers)
     if grad_norm and (min(grad_norm) < vanish_threshold or max(grad_norm) > explode_threshold):
         return None
     found = PlainFigures(param_norm, grad_norm, loss, watched_sq)
     if plan.weights is not None:
-        weight_norm = _take(values, plan.weights)
+        weight_norm = list(map(take, plan.weights))
         for position in plan.weights_rooted:
             weight_norm[position] = math.sqrt(weight_norm[position])
         found.weight_norm = weight_norm

@@ -462,10 +462,11 @@ class GradientWatch:
 
     def _figures_to_stats(self, transfers: list[Transfer], batch: Any) -> StepStats:
         """The step's statistics from its transfers (and a second read when it needs the
-        detail). The common step (nothing but the norms due, every figure finite, every
-        layer ok now and at the step before) is read in Python floats (:meth:`_plain_stats`):
-        each numpy call costs 10-30 µs with the caches cold after a backward."""
-        if not (self._reads or self._output_reads or self.statistics.failures):
+        detail). The common step (nothing but the norms and the built-in detail due, every
+        figure finite, every layer ok now and at the step before) is read in Python floats
+        (:meth:`_plain_stats`): each numpy call costs 10-30 µs with the caches cold after a
+        backward."""
+        if not (self._output_reads or self.statistics.failures):
             if len(transfers) == 1:
                 stats = self._plain_stats(transfers[0])
                 if stats is not None:
@@ -552,9 +553,10 @@ class GradientWatch:
 
     def _plain_stats(self, transfer: Transfer) -> StepStats | None:
         """The common step's statistics (every figure finite, every layer ok now and at the
-        step before, nothing but the norms due) in Python floats: the same figures as the
-        general path, bit for bit, at a fraction of its cost (gradscope.core.watch.plain_step).
-        None for any other step, which the general path then takes."""
+        step before, nothing but the norms and the built-in detail due) in Python floats:
+        the same figures as the general path, bit for bit, at a fraction of its cost
+        (gradscope.core.watch.plain_step). None for any other step, which the general path
+        then takes."""
         statuses = self.statuses
         if statuses.counting:
             return None
@@ -569,16 +571,22 @@ class GradientWatch:
         )
         if found is None:
             return None
-        nan_count, inf_count = np.zeros((2, len(found.grad_norm)), dtype=np.int64)
+        if found.weight_norm is not None:  # a parameter keeps its weights' last figure
+            self.kept_figures["weight_norm"][:] = found.weight_norm
+        layers = len(found.grad_norm)
+        # Each array by its own call: cheaper with the caches cold than one conversion and
+        # views, or than unpacking a (2, layers) array (measured after a backward).
         stats = StepStats(
             step=self._step,
             loss=found.loss,
             total_grad_norm=math.sqrt(found.watched_sq),
             grad_norm=np.array(found.grad_norm),
-            max_abs=None,
-            weight_norm=None,
-            nan_count=nan_count,
-            inf_count=inf_count,
+            max_abs=None if found.layer_max_abs is None else np.array(found.layer_max_abs),
+            weight_norm=(
+                None if found.layer_weight_norm is None else np.array(found.layer_weight_norm)
+            ),
+            nan_count=np.zeros(layers, dtype=np.int64),
+            inf_count=np.zeros(layers, dtype=np.int64),
             status=plan.ok_status.copy(),
             param_grad_norm=np.array(found.param_norm),
             wall_time=time.time(),

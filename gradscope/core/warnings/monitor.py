@@ -228,11 +228,9 @@ class EarlyWarnings:
             maybe_headroom = none
             if "headroom" in wanted:
                 bounds = self._bounds_of(layers)
-                maybe_headroom = (bounds[0] - scaled < headroom.LOW) | (
-                    scaled - bounds[1] < headroom.LOW
-                )
-                maybe_headroom &= valid
                 room = bounds[0] - scaled
+                maybe_headroom = (room < headroom.LOW) | (scaled - bounds[1] < headroom.LOW)
+                maybe_headroom &= valid
                 swung = none
                 if layers.scale == EXPONENT:  # see gradscope.core.warnings.headroom
                     swung = valid & ~maybe_headroom & (room < headroom.SWING_CAP)
@@ -251,11 +249,12 @@ class EarlyWarnings:
                 else:
                     histories[j] = history
             series.append(step, scaled, valid)
-            rises = np.full(width, np.nan)
+            rises: dict[int, float] = {}  # the swung columns' largest recent rises
             if "headroom" in wanted and len(swung):
-                rises[swung] = headroom.largest_rise(series.latest(headroom.SWING_SAMPLES, swung))
+                found = headroom.largest_rise(series.latest(headroom.SWING_SAMPLES, swung))
+                rises = dict(zip(swung.tolist(), found.tolist(), strict=True))
                 with np.errstate(invalid="ignore"):
-                    maybe_headroom[swung] = room[swung] < headroom.SWING_TIMES * rises[swung]
+                    maybe_headroom[swung] = room[swung] < headroom.SWING_TIMES * found
             maybe_drift = none
             if "drift" in wanted:
                 maybe_drift = valid & (series.kept() > drift.MIN_WINDOW)
@@ -269,7 +268,7 @@ class EarlyWarnings:
         for index in np.flatnonzero(maybe_headroom | maybe_spike | maybe_drift).tolist():
             observation = layers.observation(index)
             found = [
-                self._headroom(step, observation, float(rises[index]))
+                self._headroom(step, observation, rises.get(index, math.nan))
                 if maybe_headroom[index]
                 else None,
                 self._spike(step, observation, histories[index], float(scaled[index]))

@@ -357,24 +357,36 @@ if __name__ == "__main__":
 def test_lightning_ddp_records_once_the_averaged_gradients(tmp_path):
     # Two processes on gloo. The default recording folder comes from Trainer.log_dir, a
     # broadcast: asked on rank 0 alone it hung the run forever.
-    script = tmp_path / "ddp_run.py"
-    script.write_text(DDP_SCRIPT)
+    # ddp_spawn ends its ranks through Python's shutdown, where a gloo thread still releasing
+    # the last collective can abort a rank after the whole run (pytorch/pytorch#179291; once
+    # in CI's last run): that abort, and only it, is tried once more in a fresh folder.
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1"}
-    result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=240,
-    )
+    for attempt in range(2):
+        folder = tmp_path / f"try{attempt}"
+        folder.mkdir()
+        script = folder / "ddp_run.py"
+        script.write_text(DDP_SCRIPT)
+        result = subprocess.run(
+            [sys.executable, str(script), str(folder)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=env,
+            timeout=240,
+        )
+        teardown_abort = (
+            "`Trainer.fit` stopped" in result.stderr
+            and "terminate called without an active exception" in result.stderr
+        )
+        if result.returncode == 0 or not teardown_abort:
+            break
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.glob("*.gsrec")) == ["gradscope.gsrec"]
-    history, settings = _read(tmp_path / "gradscope.gsrec")
+    assert sorted(p.name for p in folder.glob("*.gsrec")) == ["gradscope.gsrec"]
+    history, settings = _read(folder / "gradscope.gsrec")
     assert settings["world_size"] == 2 and settings["strategy"] == "DDPStrategy"
     assert history.steps.tolist() == [0, 1, 2, 3, 4, 5]
-    rank0 = json.loads((tmp_path / "norms0.json").read_text())
-    rank1 = json.loads((tmp_path / "norms1.json").read_text())
+    rank0 = json.loads((folder / "norms0.json").read_text())
+    rank1 = json.loads((folder / "norms1.json").read_text())
     np.testing.assert_allclose(rank0, rank1, rtol=1e-6)  # averaged: the same on both ranks
     np.testing.assert_allclose(history.series("grad_norm", "net.0"), rank0, rtol=1e-5)
 

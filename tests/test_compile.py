@@ -42,19 +42,19 @@ def _build(kind: str) -> nn.Module:
     return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
 
 
-def _watch_in_order(order: str, model: nn.Module, backend: str = "eager"):
+def _watch_in_order(order: str, model: nn.Module, backend: str = "eager", **options):
     """(watch, the callable the training loop calls) for one order of watch and compile."""
     if order == "torch.compile, then watch":
         compiled = torch.compile(model, backend=backend)
-        return gradscope.watch(compiled), compiled
+        return gradscope.watch(compiled, **options), compiled
     if order == "watch, then torch.compile":
-        watch = gradscope.watch(model)
+        watch = gradscope.watch(model, **options)
         return watch, torch.compile(model, backend=backend)
     if order == "model.compile(), then watch":
         model.compile(backend=backend)
-        return gradscope.watch(model), model
+        return gradscope.watch(model, **options), model
     assert order == "watch, then model.compile()"
-    watch = gradscope.watch(model)
+    watch = gradscope.watch(model, **options)
     model.compile(backend=backend)
     return watch, model
 
@@ -240,3 +240,43 @@ def test_a_nan_in_the_first_step_after_model_compile_names_the_compile():
     watch.close()
     assert stats.nonfinite and stats.origin.phase == "unknown", stats.origin
     assert "model.compile() made after the watch" in stats.origin.details["reason"]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_forward_statistics_of_a_compiled_model_cost_no_recompiles(order, recwarn):
+    """Early warnings' forward hooks on a compiled model: dynamo traced their bookkeeping
+    (a dict written per module) and recompiled at every new entry until its limit, then ran
+    the model eagerly. The forward statistics are left out instead, with one warning; the
+    compiled model compiles once or twice (the hooks there, then gone) and trains as it
+    would unwatched; the gradients' statistics go on."""
+    from torch._dynamo.utils import counters
+
+    def train(call, model, watch=None):
+        torch.manual_seed(1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses, frames = [], []
+        for _ in range(12):
+            loss = call(torch.randn(4, 3)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            if watch is not None:
+                stats = watch.collect(loss)
+                assert stats.grad_norm.shape == (2,) and stats.max_abs is not None
+            optimizer.step()
+            losses.append(loss.item())
+            frames.append(counters["frames"]["total"])
+        return losses, frames
+
+    model = _build("net")
+    unwatched, _ = train(torch.compile(model, backend="eager"), model)
+    torch._dynamo.reset()
+    counters.clear()
+    model = _build("net")
+    watch, call = _watch_in_order(order, model, early_warnings=True, detail_every=1)
+    losses, frames = train(call, model, watch)
+    watch.close()
+    assert losses == unwatched
+    assert frames[-1] <= 4 and frames[-1] == frames[2], frames  # nothing compiled after step 2
+    told = [w for w in recwarn if "forward statistics" in str(w.message)]
+    assert len(told) == 1 and "compiled" in str(told[0].message)
+    assert watch.outputs.skipped == "the model is compiled (torch.compile)"

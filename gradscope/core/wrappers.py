@@ -36,6 +36,23 @@ def wrapper_chain(model: nn.Module) -> list[nn.Module]:
     return chain
 
 
+def is_compiled(model: nn.Module, wrapped_model: nn.Module) -> bool:
+    """Whether the user's ``model`` runs compiled: a ``torch.compile`` wrapper in the chain
+    the watch was given, or ``model.compile()``'s compiled call in torch's call slot (which
+    the watch's capture may hold in turn: see gradscope.core.replay). A model compiled after
+    the watch was made is not seen here; hooks learn it from ``torch.compiler.is_compiling``."""
+    if any(hasattr(module, "_orig_mod") for module in wrapper_chain(wrapped_model)):
+        return True
+    slot = model.__dict__.get("_compiled_call_impl")
+    if slot is None:
+        return False
+    owner = getattr(slot, "gradscope_replay", None)
+    if owner is None:
+        return True
+    capture = owner()
+    return capture is not None and getattr(capture, "_wrapped", None) is not None
+
+
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The user's own model inside any DDP / DataParallel / torch.compile wrappers."""
     return wrapper_chain(model)[-1]

@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.warnings.monitor import EXPONENT, MAGNITUDE, Observation
-from gradscope.core.wrappers import named_layers, wrapper_chain
+from gradscope.core.wrappers import is_compiled, named_layers
 
 ATTENTION_LOGIT = "attention max logit"
 SOFTMAX_LOGIT = "softmax max logit"
@@ -237,19 +237,6 @@ _READS: dict[Any, Callable[..., tuple[str, torch.Tensor, Any, str] | None]] = {
 }
 
 
-def _compiled(model: nn.Module) -> bool:
-    """Whether ``model.compile()`` put a compiled call in torch's call slot (which the
-    watch's capture may hold in turn: see gradscope.core.replay)."""
-    slot = model.__dict__.get("_compiled_call_impl")
-    if slot is None:
-        return False
-    owner = getattr(slot, "gradscope_replay", None)
-    if owner is None:
-        return True
-    capture = owner()
-    return capture is not None and getattr(capture, "_wrapped", None) is not None
-
-
 class OpReader:
     """The op-level figures of one watch: :meth:`arm` before a due step, :meth:`take`
     (0-d tensors) when the step is launched, :meth:`observations` after its read."""
@@ -271,8 +258,8 @@ class OpReader:
         """Read the ops of ``model``'s next forward (hooks kept if already armed)."""
         if self.armed or self.skipped is not None:
             return
-        if any(hasattr(m, "_orig_mod") for m in wrapper_chain(wrapped_model)) or _compiled(model):
-            self._skip("the model is compiled (torch.compile): its ops are not read")
+        if is_compiled(model, wrapped_model):
+            self.skip("the model is compiled (torch.compile): its ops are not read")
             return
         if self._model is not model:
             self._model = model
@@ -286,7 +273,7 @@ class OpReader:
             model.register_forward_hook(self._leave, always_call=True),
         ]
 
-    def _skip(self, reason: str) -> None:
+    def skip(self, reason: str) -> None:
         self.skipped = reason
         warn_user(f"gradscope early warnings: attention logits and exp inputs not read: {reason}")
         self.disarm()
@@ -326,7 +313,7 @@ class OpReader:
             with torch.no_grad(), torch.autocast(device, enabled=False):
                 found = read(args, kwargs, autocast)
         except Exception as error:  # never the user's training's problem
-            self._skip(f"reading {getattr(func, '__name__', func)} raised {error!r}")
+            self.skip(f"reading {getattr(func, '__name__', func)} raised {error!r}")
             return
         if found is None:
             return

@@ -357,9 +357,14 @@ class GradientWatch:
         if self.statistics.has_outputs or self.outputs.armed:
             due = self.statistics.output_reads(self._step, self.detail_every)
             if not (self.outputs.armed and due == self.outputs.due):
-                self.outputs.arm(self.model, self.layers, due)
+                self.outputs.arm(self.model, self.layers, due, self.wrapped_model)
             if self._op_reader is not None and self._output_max_abs in due:
-                self._op_reader.arm(self.model, self.wrapped_model)
+                if self.outputs.skipped is None:
+                    self._op_reader.arm(self.model, self.wrapped_model)
+                elif self._op_reader.skipped is None:
+                    self._op_reader.skip(
+                        "the model is compiled (torch.compile): its ops are not read"
+                    )
 
     def launch(self, loss: Any = None, *, batch: Any = None) -> list[Transfer]:
         """Queue every statistic's computation and the device-to-host copies; no host

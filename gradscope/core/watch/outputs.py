@@ -2,7 +2,14 @@
 only on the steps some forward statistic is due and removed as soon as the step is collected,
 so that every other step costs nothing. A module called more than once in a step (shared
 blocks, gradient accumulation) gets one figure, its calls combined as the statistic's
-``combine`` says, on the device as they come (nothing kept per call)."""
+``combine`` says, on the device as they come (nothing kept per call).
+
+A compiled model runs no Python hook as written: dynamo would trace each hook's bookkeeping
+into the user's graph and recompile at every new module it writes down, up to its limit,
+then run the user's model eagerly. So forward statistics are not read from a compiled model:
+seen when the watch is armed (the watch made on the compiled model, or ``model.compile()``),
+or at the first compiled forward (compiled after the watch), where the hooks do nothing and
+are not armed again; one warning says so."""
 
 from __future__ import annotations
 
@@ -13,10 +20,11 @@ from torch import nn
 
 from gradscope.core.facts import LayerInfo
 from gradscope.core.tensor_tree import float_tensors
+from gradscope.core.user_warnings import warn_user
 from gradscope.core.watch.statistic_set import StatisticSet
 from gradscope.core.watch.statistics import Statistic
 from gradscope.core.watch.statistics.base import one_value
-from gradscope.core.wrappers import named_layers
+from gradscope.core.wrappers import is_compiled, named_layers
 
 _set_grad_enabled = torch._C._set_grad_enabled
 # Inside a backward (a checkpointed block's forward recomputed there) it is not -1: that
@@ -57,6 +65,8 @@ class OutputReads:
         # largest value, one reduction; ``from_extremes(lows, highs)``: the figures of all
         # modules at once): each module's pair so far.
         self._extremes: dict[tuple[Statistic, int], list[torch.Tensor]] = {}
+        self.skipped: str | None = None  # why forward statistics are not read (compiled)
+        self._compiled_forward = False  # a hook ran while dynamo traced
 
     @property
     def armed(self) -> bool:
@@ -67,14 +77,24 @@ class OutputReads:
         """The statistics the hooks are armed for."""
         return self._due
 
-    def arm(self, model: nn.Module, layers: list[LayerInfo], due: tuple[Statistic, ...]) -> None:
+    def arm(
+        self,
+        model: nn.Module,
+        layers: list[LayerInfo],
+        due: tuple[Statistic, ...],
+        wrapped_model: nn.Module | None = None,
+    ) -> None:
         """Hook the watched modules for the statistics ``due`` at the next step (none: no
-        hook at all)."""
+        hook at all; nor for a compiled model)."""
         self.disarm()
         self._running.clear()
         self._extremes.clear()
         self._due = due
-        if not due:
+        if not due or self.skipped is not None:
+            self._due = ()
+            return
+        if is_compiled(model, model if wrapped_model is None else wrapped_model):
+            self._skip()
             return
         modules = named_layers(model)
         for index, layer in enumerate(layers):
@@ -84,6 +104,9 @@ class OutputReads:
 
     def _hook(self, index: int) -> Any:
         def measure(module: nn.Module, inputs: Any, output: Any) -> None:
+            if torch.compiler.is_compiling():
+                self._compiled_forward = True  # dynamo applies it after the graph runs
+                return
             # The training forward only: not an evaluation pass under no_grad, not a
             # checkpointed block recomputed in the backward.
             if not torch.is_grad_enabled() or _graph_task() != -1:
@@ -136,6 +159,8 @@ class OutputReads:
         the 0-d tensors; the hooks are removed. A statistic read by its extremes gets one
         stack and one reduction over all its modules here, not one per module."""
         self.disarm()
+        if self._compiled_forward:
+            self._skip()
         by_device: dict[torch.device, tuple[list, list]] = {}
         for (statistic, index), running in self._running.items():
             value = running.value
@@ -158,6 +183,18 @@ class OutputReads:
         self._running.clear()
         self._extremes.clear()
         return {where: (tuple(slots), values) for where, (slots, values) in by_device.items()}
+
+    def _skip(self) -> None:
+        names = ", ".join(statistic.name for statistic in self._due)
+        self.skipped = "the model is compiled (torch.compile)"
+        warn_user(
+            f"gradscope: forward statistics ({names}) not read: {self.skipped}; its compiled "
+            "forward runs no hook of ours (the gradients' statistics go on)"
+        )
+        self.disarm()
+        self._running.clear()
+        self._extremes.clear()
+        self._due = ()
 
     def disarm(self) -> None:
         for handle in self._handles:

@@ -64,7 +64,7 @@ def watch(
 
     ``early_warnings=True``: ``stats.warnings`` names what spikes, drifts towards its dtype's
     limits or sits close to them, before any NaN/Inf (see :mod:`gradscope.core.warnings`).
-    Their forward statistics (each layer's output max |x|, the head's log-partition) are
+    Their forward statistics (each layer's output max |x| and RMS, the head's log-partition) are
     measured at every step of the first 100, then every ``detail_every`` steps (10): dense
     where warm-up failures come, sparse for a long run's cost.
     """

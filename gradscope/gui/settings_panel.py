@@ -218,8 +218,8 @@ class SettingsPanel(QScrollArea):
         self.early_warnings = QCheckBox("early warnings (spiking, drifting, low headroom)")
         self.early_warnings.setToolTip(
             "warn before a NaN/Inf: a quantity spiking or drifting against its own history, "
-            "or near its dtype's limits\n(adds each layer's output max |x| and the head's "
-            "log-partition as forward statistics)"
+            "or near its dtype's limits\n(adds each layer's output max |x| and RMS and the "
+            "head's log-partition as forward statistics)"
         )
         self.pause_at_warning = QCheckBox("pause at the first warning")
         self.pause_at_warning.setToolTip(

@@ -11,7 +11,8 @@ keeps the series by (module, quantity) and turns what the detectors find into
 - ``observations``: what a watched step gives them; ``hints``: what practice does.
 
 The forward statistics they read (a layer's output max |x|, the head's log-partition) are
-statistics like any other, in ``gradscope.core.watch.statistics``.
+statistics like any other, in ``gradscope.core.watch.statistics``; a layer's output RMS is
+measured beside them, for the plots, and read by no detector.
 """
 
 from gradscope.core.warnings import drift, headroom, limits, spike

@@ -59,6 +59,7 @@ from gradscope.core.watch.statistic_set import StatisticSet
 from gradscope.core.watch.statistics import Statistic
 from gradscope.core.watch.statistics.output_log_partition import OutputLogPartition
 from gradscope.core.watch.statistics.output_max_abs import OutputMaxAbs
+from gradscope.core.watch.statistics.output_rms import OutputRMS
 from gradscope.core.watch.status import StatusTracker, all_ok_status
 from gradscope.core.watch.update_ratio import UpdateRatio
 from gradscope.core.watch.verdict import judge_step
@@ -182,13 +183,14 @@ class GradientWatch:
         # its schedule) and max |g|, each against its own history and its dtype's limits.
         self.early_warnings = EarlyWarnings() if early_warnings else None
         self._output_max_abs = OutputMaxAbs()
+        self._output_rms = OutputRMS()
         self._log_partition = OutputLogPartition()
         self._warned_modules: dict[str, nn.Module] | None = None
         # Attention logits and exp inputs, read from the ops on the same due steps.
         self._op_reader = OpReader() if early_warnings else None
         self._op_figures: list = []
         if early_warnings:
-            statistics += [self._output_max_abs, self._log_partition]
+            statistics += [self._output_max_abs, self._output_rms, self._log_partition]
         self.statistics = StatisticSet(statistics)
         # The statistics this step reads (set by launch, for the step's placing).
         self._reads: tuple[Statistic, ...] = ()

@@ -39,3 +39,18 @@ def test_the_watch_records_each_layers_output_rms_on_due_steps():
     expected = [outputs[name].double().pow(2).mean().sqrt().item() for name in names]
     assert stats.figures["out_rms"].tolist() == pytest.approx(expected, rel=1e-6)
     assert "out_rms" in {info.name for info in watch.statistic_infos}
+
+
+def test_the_rms_is_read_on_detail_steps_only_without_the_dense_start():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    measured = []
+    with gradscope.watch(model, early_warnings=True, detail_every=4) as watch:
+        for _ in range(9):
+            loss = model(torch.randn(4, 5)).square().mean()
+            model.zero_grad()
+            loss.backward()
+            figures = watch.collect(loss).figures
+            assert "out_max_abs" in figures  # the warnings' dense start
+            measured.append("out_rms" in figures)
+    assert measured == [step % 4 == 0 for step in range(9)]

@@ -48,6 +48,8 @@ from gradscope.core.user_warnings import warn_user
 from gradscope.core.warnings.monitor import EXPONENT, MAGNITUDE, Observation
 from gradscope.core.wrappers import is_compiled, named_layers
 
+# Why a compiled model's ops are not read (the reader's ``skipped``).
+COMPILED = "the model is compiled (torch.compile): its ops are not read"
 ATTENTION_LOGIT = "attention max logit"
 SOFTMAX_LOGIT = "softmax max logit"
 EXP_INPUT = "exp input max"
@@ -259,7 +261,7 @@ class OpReader:
         if self.armed or self.skipped is not None:
             return
         if is_compiled(model, wrapped_model):
-            self.skip("the model is compiled (torch.compile): its ops are not read")
+            self.skip(COMPILED)
             return
         if self._model is not model:
             self._model = model

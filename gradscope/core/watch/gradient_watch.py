@@ -36,7 +36,7 @@ from gradscope.core.tiny_gradient import tiny_scale_after
 from gradscope.core.user_warnings import warn_user
 from gradscope.core.warnings import EarlyWarnings
 from gradscope.core.warnings.observations import step_observations
-from gradscope.core.warnings.op_reader import OpReader, op_observations
+from gradscope.core.warnings.op_reader import COMPILED, OpReader, op_observations
 from gradscope.core.watch.binding import Binding, bind
 from gradscope.core.watch.distributed import UnreducedCheck, fact_device
 from gradscope.core.watch.episodes import Episodes
@@ -359,14 +359,12 @@ class GradientWatch:
         if self.statistics.has_outputs or self.outputs.armed:
             due = self.statistics.output_reads(self._step, self.detail_every)
             if not (self.outputs.armed and due == self.outputs.due):
-                self.outputs.arm(self.model, self.layers, due, self.wrapped_model)
+                self.outputs.arm(self.model, self.wrapped_model, self.layers, due)
             if self._op_reader is not None and self._output_max_abs in due:
                 if self.outputs.skipped is None:
                     self._op_reader.arm(self.model, self.wrapped_model)
                 elif self._op_reader.skipped is None:
-                    self._op_reader.skip(
-                        "the model is compiled (torch.compile): its ops are not read"
-                    )
+                    self._op_reader.skip(COMPILED)
 
     def launch(self, loss: Any = None, *, batch: Any = None) -> list[Transfer]:
         """Queue every statistic's computation and the device-to-host copies; no host

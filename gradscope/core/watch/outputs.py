@@ -80,20 +80,20 @@ class OutputReads:
     def arm(
         self,
         model: nn.Module,
+        wrapped_model: nn.Module,
         layers: list[LayerInfo],
         due: tuple[Statistic, ...],
-        wrapped_model: nn.Module | None = None,
     ) -> None:
-        """Hook the watched modules for the statistics ``due`` at the next step (none: no
-        hook at all; nor for a compiled model)."""
+        """Hook the watched modules of ``model`` (``wrapped_model``: as the watch was given
+        it) for the statistics ``due`` at the next step (none: no hook at all; nor for a
+        compiled model)."""
         self.disarm()
         self._running.clear()
         self._extremes.clear()
-        self._due = due
-        if not due or self.skipped is not None:
-            self._due = ()
+        self._due = () if self.skipped is not None else due
+        if not self._due:
             return
-        if is_compiled(model, model if wrapped_model is None else wrapped_model):
+        if is_compiled(model, wrapped_model):
             self._skip()
             return
         modules = named_layers(model)
